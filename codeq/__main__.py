@@ -1,0 +1,3 @@
+from codeq.cli import main
+
+main()

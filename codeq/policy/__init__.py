@@ -1,0 +1,1 @@
+"""The policy: model loading, batched generation, prompts, program extraction, critique."""

