@@ -100,6 +100,7 @@ class Node(Record):
     id: int
     parent: int | None
     depth: int
+    rollout: int = Field(0, description="Rollout (expansion) that created it; 0 for the root.")
     prompt: list[ChatMessage] = Field(
         default_factory=list,
         description="Exact chat prompt that produced this node (empty at root).",
