@@ -1,0 +1,210 @@
+"""Preference pairs from search trees: sibling rewrites whose blended values clearly differ.
+
+A pair's prompt is exactly the chat prompt that produced both siblings, and chosen/rejected are the
+model's own raw completions, so DPO trains on what the policy actually generated.
+
+Blended value: Q = alpha * Q_mcts + (1 - alpha) * Q_ai (Q_ai missing -> Q_mcts alone).
+A pair is emitted when |Q_a - Q_b| > theta, after dropping degenerate pairs (the two completions
+are equal once whitespace is normalized), duplicates, pairs of two invalid rewrites, and pairs
+beyond the per-task cap (the largest value gaps are kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codeq.config import CodeQConfig, PairsConfig
+from codeq.errors import BadInputError
+from codeq.schemas import Node, Pair, Trajectory, read_jsonl, write_json, write_jsonl
+
+log = logging.getLogger(__name__)
+
+DROP_REASONS = (
+    "small_gap",
+    "degenerate",
+    "duplicate",
+    "both_invalid",
+    "chosen_invalid",
+    "per_task_cap",
+)
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_whitespace(text: str) -> str:
+    """Collapse every whitespace run to one space and strip the ends."""
+    return _WHITESPACE.sub(" ", text).strip()
+
+
+def blended_value(node: Node, alpha: float) -> float:
+    """Q = alpha * Q_mcts + (1 - alpha) * Q_ai; without a critique score, Q_mcts alone."""
+    if node.q_ai is None:
+        return node.q_mcts
+    return alpha * node.q_mcts + (1.0 - alpha) * node.q_ai
+
+
+@dataclass
+class _Candidate:
+    pair: Pair
+    gap: float
+
+
+def sibling_groups(trajectory: Trajectory) -> list[list[Node]]:
+    """Nodes sharing a parent and the exact prompt that produced them (root excluded)."""
+    groups: dict[tuple[int, str], list[Node]] = defaultdict(list)
+    for node in trajectory.nodes:
+        if node.parent is None:
+            continue
+        prompt_key = json.dumps([m.model_dump() for m in node.prompt], sort_keys=True)
+        groups[(node.parent, prompt_key)].append(node)
+    return [nodes for nodes in groups.values() if len(nodes) >= 2]
+
+
+def _pair_key(pair: Pair) -> tuple[str, str, str]:
+    prompt = json.dumps([m.model_dump() for m in pair.prompt], sort_keys=True)
+    return prompt, normalize_whitespace(pair.chosen), normalize_whitespace(pair.rejected)
+
+
+def _candidates_of_group(
+    trajectory: Trajectory, siblings: Sequence[Node], config: PairsConfig, dropped: Counter[str]
+) -> list[_Candidate]:
+    candidates: list[_Candidate] = []
+    for i, first in enumerate(siblings):
+        for second in siblings[i + 1 :]:
+            q_first, q_second = (
+                blended_value(first, config.alpha),
+                blended_value(second, config.alpha),
+            )
+            gap = abs(q_first - q_second)
+            if gap <= config.min_value_gap:
+                dropped["small_gap"] += 1
+                continue
+            chosen, rejected = (first, second) if q_first > q_second else (second, first)
+            if not chosen.valid and not rejected.valid:
+                dropped["both_invalid"] += 1
+                continue
+            if not chosen.valid:
+                dropped["chosen_invalid"] += 1
+                continue
+            if normalize_whitespace(chosen.completion) == normalize_whitespace(rejected.completion):
+                dropped["degenerate"] += 1
+                continue
+            pair = Pair(
+                task_id=trajectory.task_id,
+                slug=trajectory.slug,
+                level=trajectory.level,
+                category=trajectory.category,
+                prompt=list(chosen.prompt),
+                chosen=chosen.completion,
+                rejected=rejected.completion,
+                q_chosen=max(q_first, q_second),
+                q_rejected=min(q_first, q_second),
+            )
+            candidates.append(_Candidate(pair, gap))
+    return candidates
+
+
+def pairs_of_trajectory(
+    trajectory: Trajectory,
+    config: PairsConfig,
+    seen: set[tuple[str, str, str]],
+    dropped: Counter[str],
+) -> list[Pair]:
+    """Pairs of one task: largest value gaps first, duplicates removed, capped per task."""
+    candidates: list[_Candidate] = []
+    for siblings in sibling_groups(trajectory):
+        candidates.extend(_candidates_of_group(trajectory, siblings, config, dropped))
+    candidates.sort(key=lambda candidate: candidate.gap, reverse=True)
+    kept: list[Pair] = []
+    for candidate in candidates:
+        key = _pair_key(candidate.pair)
+        if key in seen:
+            dropped["duplicate"] += 1
+            continue
+        if len(kept) >= config.max_pairs_per_task:
+            dropped["per_task_cap"] += 1
+            continue
+        seen.add(key)
+        kept.append(candidate.pair)
+    return kept
+
+
+def build_pairs(
+    trajectories: Iterable[Trajectory], config: PairsConfig
+) -> tuple[list[Pair], dict[str, Any]]:
+    """All pairs of all trajectories plus statistics (count, by level/category, drops by reason)."""
+    seen: set[tuple[str, str, str]] = set()
+    dropped: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
+    pairs: list[Pair] = []
+    n_trajectories = 0
+    tasks_with_pairs = 0
+    for trajectory in trajectories:
+        n_trajectories += 1
+        task_pairs = pairs_of_trajectory(trajectory, config, seen, dropped)
+        tasks_with_pairs += bool(task_pairs)
+        pairs.extend(task_pairs)
+    return pairs, pair_statistics(pairs, n_trajectories, tasks_with_pairs, dropped, config)
+
+
+def pair_statistics(
+    pairs: Sequence[Pair],
+    n_trajectories: int,
+    tasks_with_pairs: int,
+    dropped: Counter[str],
+    config: PairsConfig,
+) -> dict[str, Any]:
+    gaps = [pair.q_chosen - pair.q_rejected for pair in pairs]
+    return {
+        "pairs": len(pairs),
+        "trajectories": n_trajectories,
+        "tasks_with_pairs": tasks_with_pairs,
+        "by_level": dict(Counter(pair.level for pair in pairs)),
+        "by_category": dict(Counter(pair.category for pair in pairs)),
+        "dropped": {reason: dropped[reason] for reason in DROP_REASONS},
+        "mean_value_gap": sum(gaps) / len(gaps) if gaps else None,
+        "config": config.model_dump(),
+    }
+
+
+def read_trajectories(paths: Sequence[Path]) -> list[Trajectory]:
+    """Trajectories from JSONL files, or from every *.jsonl under given folders (shards)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(path.rglob("*.jsonl")))
+        else:
+            files.append(path)
+    if not files:
+        raise BadInputError(
+            f"no trajectory files in {', '.join(str(p) for p in paths)}",
+            hint="run `codeq collect` first and pass its output file or folder",
+        )
+    trajectories: list[Trajectory] = []
+    for file in files:
+        trajectories.extend(read_jsonl(file, Trajectory))
+    return trajectories
+
+
+def make_pairs(
+    trajectory_paths: Sequence[Path], out_dir: Path, config: CodeQConfig
+) -> dict[str, Any]:
+    """The pairs stage: read trajectories, write out_dir/pairs.jsonl and out_dir/stats.json."""
+    trajectories = read_trajectories(trajectory_paths)
+    pairs, stats = build_pairs(trajectories, config.pairs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out_dir / "pairs.jsonl", pairs)
+    write_json(out_dir / "stats.json", stats)
+    log.info(
+        "%d pairs from %d trajectories (dropped: %s)",
+        stats["pairs"],
+        stats["trajectories"],
+        stats["dropped"],
+    )
+    return stats

@@ -1,0 +1,400 @@
+"""DPO with a LoRA adapter (TRL's DPOTrainer), set up deliberately rather than by TRL 1.x defaults.
+
+- Precision 'bf16': weights and activations in bf16, while TRL's fused LM head computes the
+  per-token log-probabilities in fp32 (its chunked log-softmax upcasts every logit tile), which is
+  the fix for NaN rewards; the LoRA weights and optimizer state stay fp32. 'fp32': everything fp32.
+- Gradient checkpointing and the learning rate come from our config (TRL's defaults: on, 1e-6).
+- Pairs longer than max_length are dropped and counted, never truncated.
+- Length bucketing groups pairs of similar length into the same micro-batch.
+- A held-out slice (split by task) is evaluated every eval_steps; the adapter weights with the best
+  held-out reward accuracy are kept and written (safetensors) with a per-step metrics log.
+- A non-finite loss or gradient norm fails the stage with TrainingDivergedError.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codeq.config import CodeQConfig, TrainConfig
+from codeq.errors import BadInputError, TrainingDivergedError
+from codeq.schemas import Pair, read_jsonl, write_json
+from codeq.train.model import load_causal_lm, load_tokenizer, resolve_model_source
+
+log = logging.getLogger(__name__)
+
+ACCURACY_KEY = "eval_rewards/accuracies"
+
+
+@dataclass
+class PaddingMeter:
+    """Wraps a collator and counts real (attended) and padded tokens of every batch it builds."""
+
+    collator: Any
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    batches: int = 0
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.collator(examples)
+        self.real_tokens += int(batch["attention_mask"].sum())
+        self.padded_tokens += int(batch["input_ids"].numel())
+        self.batches += 1
+        return dict(batch)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else None
+
+
+@dataclass
+class PairSplit:
+    train: list[dict[str, Any]]
+    held_out: list[dict[str, Any]]
+    over_max_length: int
+    lengths: dict[str, int] = field(default_factory=dict)
+
+
+def conversational_example(pair: Pair) -> dict[str, Any]:
+    """TRL's conversational preference format: the prompt messages that produced both siblings,
+    the completions as assistant turns (rendered with the same chat template as generation)."""
+    return {
+        "prompt": [message.model_dump() for message in pair.prompt],
+        "chosen": [{"role": "assistant", "content": pair.chosen}],
+        "rejected": [{"role": "assistant", "content": pair.rejected}],
+    }
+
+
+def _token_count(tokenizer: Any, messages: list[dict[str, str]]) -> int:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return len(ids)
+
+
+def pair_length(tokenizer: Any, example: dict[str, Any]) -> int:
+    """Tokens of the longer side (prompt + chosen or prompt + rejected) as the template renders it."""
+    return max(
+        _token_count(tokenizer, example["prompt"] + example["chosen"]),
+        _token_count(tokenizer, example["prompt"] + example["rejected"]),
+    )
+
+
+def split_pairs(
+    pairs: list[Pair], tokenizer: Any, config: TrainConfig
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Drop (and count) pairs over max_length, then hold out whole tasks for reward accuracy."""
+    kept: list[tuple[Pair, dict[str, Any]]] = []
+    over = 0
+    for pair in pairs:
+        example = conversational_example(pair)
+        if pair_length(tokenizer, example) > config.max_length:
+            over += 1
+            continue
+        kept.append((pair, example))
+    if over:
+        log.warning(
+            "dropped %d of %d pairs longer than max_length=%d", over, len(pairs), config.max_length
+        )
+    if not kept:
+        raise BadInputError(
+            f"all {len(pairs)} pairs are longer than train.max_length={config.max_length} tokens",
+            hint="raise train.max_length (CODEQ_TRAIN__MAX_LENGTH)",
+        )
+    train, held_out = _hold_out_by_task(kept, config)
+    return train, held_out, over
+
+
+def _hold_out_by_task(
+    kept: list[tuple[Pair, dict[str, Any]]], config: TrainConfig
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if config.eval_fraction <= 0 or len(kept) < 2:
+        return [example for _, example in kept], []
+    target = max(1, round(config.eval_fraction * len(kept)))
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for pair, example in kept:
+        by_task[pair.task_id].append(example)
+    task_ids = sorted(by_task)
+    random.Random(config.seed).shuffle(task_ids)
+    held_out: list[dict[str, Any]] = []
+    train: list[dict[str, Any]] = []
+    if len(task_ids) == 1:  # one task only: split its pairs instead
+        examples = list(by_task[task_ids[0]])
+        random.Random(config.seed).shuffle(examples)
+        return examples[target:], examples[:target]
+    for task_id in task_ids:
+        if len(held_out) < target and len(train) + len(by_task[task_id]) <= len(kept) - 1:
+            held_out.extend(by_task[task_id])
+        else:
+            train.extend(by_task[task_id])
+    if not train:  # every task went to held-out: give the last one back
+        train, held_out = held_out[target:], held_out[:target]
+    return train, held_out
+
+
+def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: bool) -> Any:
+    import torch
+    from trl import DPOConfig
+
+    return DPOConfig(
+        output_dir=str(out_dir / "checkpoints"),
+        learning_rate=config.learning_rate,
+        beta=config.beta,
+        per_device_train_batch_size=config.per_device_batch_size,
+        per_device_eval_batch_size=config.per_device_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        bf16=use_bf16,
+        fp16=False,
+        use_cpu=not torch.cuda.is_available(),
+        activation_checkpointing=config.gradient_checkpointing,
+        max_length=config.max_length,  # longer pairs were dropped before; this never truncates
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=config.eval_steps,
+        save_strategy="no",  # the best adapter is kept in memory by BestAdapterCallback
+        logging_steps=1,
+        logging_first_step=True,
+        report_to="none",
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def lora_config(config: TrainConfig) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=list(config.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _make_trainer_class() -> Any:
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+    from trl import DPOTrainer
+
+    class BucketedDPOTrainer(DPOTrainer):  # type: ignore[misc, valid-type]
+        """DPOTrainer that batches pairs of similar length and meters padding of train batches."""
+
+        def __init__(self, *args: Any, length_bucketing: bool, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.length_bucketing = length_bucketing
+            self.train_meter = PaddingMeter(self.data_collator)
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            if not self.length_bucketing:
+                return super()._get_train_sampler(train_dataset)
+            dataset: Any = self.train_dataset
+            lengths = [
+                len(p) + max(len(c), len(r))
+                for p, c, r in zip(
+                    dataset["prompt_ids"],
+                    dataset["chosen_ids"],
+                    dataset["rejected_ids"],
+                    strict=True,
+                )
+            ]
+            return LengthGroupedSampler(self.args.train_batch_size, lengths=lengths)
+
+        def get_train_dataloader(self) -> Any:
+            plain, self.data_collator = self.data_collator, self.train_meter
+            try:
+                return super().get_train_dataloader()
+            finally:
+                self.data_collator = plain
+
+    return BucketedDPOTrainer
+
+
+def _make_callback(trainer_ref: dict[str, Any]) -> Any:
+    from peft import get_peft_model_state_dict
+    from transformers import TrainerCallback
+
+    class GuardAndBestCallback(TrainerCallback):  # type: ignore[misc, valid-type]
+        """Fails on a non-finite loss/grad norm; keeps the adapter weights of the best held-out
+        reward accuracy (ties keep the later, more trained adapter)."""
+
+        def __init__(self) -> None:
+            self.best_accuracy: float | None = None
+            self.best_step: int | None = None
+            self.best_state: dict[str, Any] | None = None
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
+            for key in ("loss", "grad_norm", "eval_loss"):
+                value = (logs or {}).get(key)
+                if value is not None and not math.isfinite(float(value)):
+                    raise TrainingDivergedError(
+                        f"DPO {key} became {value} at step {state.global_step}",
+                        hint="use train.precision=fp32, lower train.learning_rate, or check the pairs",
+                    )
+            step_logs = logs or {}
+            if "loss" in step_logs:
+                print(
+                    f"[train] step {state.global_step}/{state.max_steps} loss={step_logs['loss']:.4f} "
+                    f"acc={step_logs.get('rewards/accuracies', float('nan')):.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        def on_evaluate(
+            self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any
+        ) -> None:
+            accuracy = (metrics or {}).get(ACCURACY_KEY)
+            if accuracy is None:
+                return
+            print(
+                f"[train] step {state.global_step} held-out reward accuracy {accuracy:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if self.best_accuracy is None or accuracy >= self.best_accuracy:
+                self.best_accuracy = float(accuracy)
+                self.best_step = int(state.global_step)
+                model = trainer_ref["trainer"].model
+                self.best_state = {
+                    name: tensor.detach().clone()
+                    for name, tensor in get_peft_model_state_dict(model).items()
+                }
+
+    return GuardAndBestCallback()
+
+
+def _load_pairs(pairs_path: Path) -> list[Pair]:
+    path = Path(pairs_path)
+    if path.is_dir():
+        path = path / "pairs.jsonl"
+    pairs = read_jsonl(path, Pair)
+    if not pairs:
+        raise BadInputError(
+            f"{path} holds no preference pairs",
+            hint="collect more trajectories or lower pairs.min_value_gap, then rerun `codeq pairs`",
+        )
+    return pairs
+
+
+def _use_bf16(config: TrainConfig) -> bool:
+    import torch
+
+    if config.precision != "bf16":
+        return False
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    return True
+
+
+def _history(
+    log_history: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    steps = [entry for entry in log_history if "loss" in entry]
+    evals = [entry for entry in log_history if ACCURACY_KEY in entry]
+    return steps, evals
+
+
+def _check_finite_history(steps: list[dict[str, Any]]) -> None:
+    keys = ("loss", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected")
+    for entry in steps:
+        for key in keys:
+            if key in entry and not math.isfinite(float(entry[key])):
+                raise TrainingDivergedError(
+                    f"DPO {key} is {entry[key]} at step {entry.get('step')}",
+                    hint="use train.precision=fp32 or lower train.learning_rate",
+                )
+
+
+def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) -> dict[str, Any]:
+    """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json."""
+    import torch
+    from datasets import Dataset
+    from peft import set_peft_model_state_dict
+
+    out_dir = Path(out_dir)
+    train_config = config.train
+    pairs = _load_pairs(Path(pairs_path))
+    source = resolve_model_source(config.policy)
+    tokenizer = load_tokenizer(source)
+    train_examples, held_out, over_max_length = split_pairs(pairs, tokenizer, train_config)
+    use_bf16 = _use_bf16(train_config)
+    torch.manual_seed(train_config.seed)
+    model = load_causal_lm(source, torch.bfloat16 if use_bf16 else torch.float32)
+    print(
+        f"[train] {len(train_examples)} train / {len(held_out)} held-out pairs "
+        f"({over_max_length} over max_length dropped); base {source}; "
+        f"precision {'bf16 (fp32 log-probs)' if use_bf16 else 'fp32'}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    trainer_ref: dict[str, Any] = {}
+    callback = _make_callback(trainer_ref)
+    trainer = _make_trainer_class()(
+        model=model,
+        args=dpo_arguments(train_config, out_dir, bool(held_out), use_bf16),
+        train_dataset=Dataset.from_list(train_examples),
+        eval_dataset=Dataset.from_list(held_out) if held_out else None,
+        processing_class=tokenizer,
+        peft_config=lora_config(train_config),
+        callbacks=[callback],
+        length_bucketing=train_config.length_bucketing,
+    )
+    trainer_ref["trainer"] = trainer
+    started = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - started
+    final_eval = trainer.evaluate() if held_out else {}
+
+    steps, evals = _history(trainer.state.log_history)
+    _check_finite_history(steps)
+    if callback.best_state is not None and callback.best_step != trainer.state.global_step:
+        set_peft_model_state_dict(trainer.model, callback.best_state)
+    adapter_dir = out_dir / "adapter"
+    trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(adapter_dir))
+
+    meter = trainer.train_meter
+    metrics = {
+        "base_model": source,
+        "adapter": str(adapter_dir),
+        "precision": "bf16" if use_bf16 else "fp32",
+        "log_probs_dtype": "float32",
+        "pairs": {
+            "total": len(pairs),
+            "train": len(train_examples),
+            "held_out": len(held_out),
+            "dropped_over_max_length": over_max_length,
+        },
+        "global_steps": trainer.state.global_step,
+        "train_seconds": seconds,
+        "seconds_per_step": seconds / max(1, trainer.state.global_step),
+        "train_loss": result.training_loss,
+        "tokens": {
+            "real": meter.real_tokens,
+            "padded": meter.padded_tokens,
+            "real_to_padded": meter.ratio,
+            "real_tokens_per_second": meter.real_tokens / seconds if seconds else None,
+        },
+        "heldout_reward_accuracy": callback.best_accuracy,
+        "heldout_reward_accuracy_final": final_eval.get(ACCURACY_KEY),
+        "heldout_note": "best is the selection metric (optimistic); final is the last step's",
+        "best_step": callback.best_step,
+        "steps": steps,
+        "eval": evals,
+        "config": train_config.model_dump(),
+    }
+    write_json(out_dir / "metrics.json", metrics)
+    return metrics

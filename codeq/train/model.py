@@ -1,0 +1,64 @@
+"""Where the base model of training and merging comes from: the same rule as inference
+(`config.policy.model`: Hugging Face id | local folder | .gguf file | "smollm2")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from codeq.config import PolicyConfig
+from codeq.errors import MissingInputError, ModelLoadError
+from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
+
+
+def resolve_model_source(policy: PolicyConfig) -> str:
+    """A folder or Hugging Face id that `from_pretrained` can load; GGUF files are dequantized
+    once into the cache (the same folder inference uses)."""
+    model = policy.model
+    if model == SMOLLM2_ALIAS:
+        return str(materialize_gguf(smollm2_gguf_path(), policy.cache_dir))
+    if model.endswith(".gguf"):
+        return str(materialize_gguf(model, policy.cache_dir))
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} is not a model folder (no config.json)",
+                hint="point policy.model at a saved model folder, a .gguf file or a HF id",
+            )
+        return str(path)
+    return model
+
+
+def check_adapter_dir(adapter_dir: str | Path) -> Path:
+    """The adapter folder must hold a PEFT adapter config; raise MissingInputError otherwise."""
+    path = Path(adapter_dir).expanduser()
+    if not (path / "adapter_config.json").is_file():
+        raise MissingInputError(
+            f"no LoRA adapter at {path} (adapter_config.json missing)",
+            hint="run `codeq train` first and pass its adapter folder",
+        )
+    return path
+
+
+def load_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot load the tokenizer of {source}: {exc}".splitlines()[0]
+        ) from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(source: str, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load the model {source}: {exc}".splitlines()[0]) from exc

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from codeq.config import load_config
+from codeq.errors import BadInputError, MissingInputError
+from codeq.schemas import ChatMessage, Pair, write_jsonl
+
+
+def make_pairs(count: int, tasks: int = 4, long_every: int = 0) -> list[Pair]:
+    pairs = []
+    for index in range(count):
+        task = index % tasks
+        body = "x = 1\n" * (400 if long_every and index % long_every == 0 else 1)
+        pairs.append(
+            Pair(
+                task_id=f"task{task}",
+                slug=f"slug{task}",
+                level="easy",
+                category="logic",
+                prompt=[
+                    ChatMessage(role="system", content="You fix Python programs."),
+                    ChatMessage(
+                        role="user", content=f"Fix task {task}:\ndef f(a):\n  return a-{index}"
+                    ),
+                ],
+                chosen=f"```python\ndef f(a):\n    return a + {index}\n{body}```",
+                rejected=f"```python\ndef f(a):\n    return a - {index}\n```",
+                q_chosen=1.0,
+                q_rejected=0.0,
+            )
+        )
+    return pairs
+
+
+def tiny_config(model_dir: Path, **train: object):
+    return load_config(
+        overrides={
+            "policy": {"model": str(model_dir)},
+            "train": {
+                "lora_r": 4,
+                "lora_alpha": 8,
+                "per_device_batch_size": 2,
+                "gradient_accumulation_steps": 2,
+                "max_steps": 3,
+                "learning_rate": 1e-3,
+                "max_length": 256,
+                "eval_steps": 2,
+                "eval_fraction": 0.25,
+                **train,
+            },
+        }
+    )
+
+
+def test_dpo_trains_the_adapter_and_logs_finite_metrics(tmp_path, tiny_model_dir) -> None:
+    from safetensors.torch import load_file
+
+    from codeq.train import train_dpo
+
+    pairs_path = tmp_path / "pairs.jsonl"
+    write_jsonl(pairs_path, make_pairs(16, long_every=8))
+    metrics = train_dpo(pairs_path, tmp_path / "out", tiny_config(tiny_model_dir))
+
+    adapter = tmp_path / "out" / "adapter"
+    weights = load_file(adapter / "adapter_model.safetensors")
+    lora_b = [tensor for name, tensor in weights.items() if "lora_B" in name]
+    assert lora_b, "no LoRA B matrices in the saved adapter"
+    # LoRA B starts at zero: any non-zero entry means training changed the adapter
+    assert any(float(tensor.abs().max()) > 0 for tensor in lora_b)
+    modules = {name.split(".")[-3] for name in weights}
+    assert {"q_proj", "v_proj", "down_proj"} <= modules
+
+    saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert saved["global_steps"] == 3
+    assert saved["pairs"]["dropped_over_max_length"] == 2  # the two very long pairs
+    assert saved["pairs"]["train"] + saved["pairs"]["held_out"] == 14
+    assert len(saved["steps"]) == 3
+    for step in saved["steps"]:
+        for key in ("loss", "rewards/accuracies", "rewards/margins"):
+            assert math.isfinite(step[key])
+    assert saved["eval"], "held-out reward accuracy was never measured"
+    assert 0.0 <= saved["heldout_reward_accuracy"] <= 1.0
+    assert 0 < saved["tokens"]["real_to_padded"] <= 1.0
+    assert metrics["precision"] == saved["precision"]
+
+
+def test_merge_folds_the_adapter_into_the_base(tmp_path, tiny_model_dir) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from codeq.train import merge_adapter
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    peft_model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"])
+    )
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.05)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    inputs = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        expected = peft_model(inputs).logits
+
+    config = load_config(overrides={"train": {"precision": "fp32"}})
+    merged_dir = merge_adapter(
+        str(tiny_model_dir), tmp_path / "adapter", tmp_path / "merged", config
+    )
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        got = merged(inputs).logits
+        before = plain(inputs).logits
+    assert torch.allclose(got, expected, atol=1e-4)
+    assert not torch.allclose(got, before, atol=1e-4)
+    assert (merged_dir / "tokenizer_config.json").is_file()
+    assert not any(merged_dir.glob("adapter_*"))
+
+
+def test_train_and_merge_fail_clearly_on_missing_inputs(tmp_path, tiny_model_dir) -> None:
+    from codeq.train import merge_adapter, train_dpo
+
+    empty = tmp_path / "pairs.jsonl"
+    empty.write_text("")
+    with pytest.raises(BadInputError, match="no preference pairs"):
+        train_dpo(empty, tmp_path / "out", tiny_config(tiny_model_dir))
+    with pytest.raises(MissingInputError):
+        train_dpo(tmp_path / "absent.jsonl", tmp_path / "out", tiny_config(tiny_model_dir))
+    with pytest.raises(MissingInputError, match="adapter"):
+        merge_adapter(str(tiny_model_dir), tmp_path / "nothing", tmp_path / "m", load_config())
