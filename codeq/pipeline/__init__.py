@@ -1,0 +1,1 @@
+"""Stages of a round against the artifact store, and the local round."""

@@ -1,0 +1,86 @@
+"""What every job does: load the config (CODEQ_CONFIG_FILE + CODEQ_* env), log it, open the
+store, run its stage, and exit with the documented code (codeq/errors.py, docs/jobs.md)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError, ConfigError
+
+SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
+SHARD_COUNT_ENV = "JOB_COMPLETION_COUNT"
+SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
+
+
+def shard_from_env() -> tuple[int, int]:
+    """(index, count) of an Indexed Job; (0, 1) outside one."""
+    raw_index = os.environ.get(SHARD_INDEX_ENV, "0")
+    raw_count = os.environ.get(SHARD_COUNT_ENV, "1")
+    try:
+        index, count = int(raw_index), int(raw_count)
+    except ValueError:
+        raise ConfigError(
+            f"{SHARD_INDEX_ENV}={raw_index!r} / {SHARD_COUNT_ENV}={raw_count!r} are not integers",
+            hint="run collect as an Indexed Job (completionMode: Indexed)",
+        ) from None
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(
+            f"{SHARD_INDEX_ENV}={index} is outside 0..{count - 1} ({SHARD_COUNT_ENV}={count})",
+            hint="JOB_COMPLETION_INDEX must be below JOB_COMPLETION_COUNT",
+        )
+    return index, count
+
+
+def stage_arguments(stage: str) -> dict[str, Any]:
+    if stage == "collect":
+        index, count = shard_from_env()
+        return {"shard_index": index, "shard_count": count}
+    return {}
+
+
+def run_stage(stage: str) -> int:
+    """Run one stage as a job and return its exit code."""
+    from codeq.config import dump_config, load_config
+    from codeq.pipeline.stages import STAGE_FUNCTIONS, StageContext
+    from codeq.store import log, open_store
+
+    started = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix=f"codeq-{stage}-", dir=os.environ.get(SCRATCH_ENV)))
+    try:
+        config = load_config()
+        arguments = stage_arguments(stage)
+        log(f"job {stage} starting{' ' + str(arguments) if arguments else ''}; effective config:")
+        sys.stderr.write(dump_config(config))
+        store = open_store(config.store)
+        context = StageContext(config=config, store=store, scratch=scratch)
+        result = STAGE_FUNCTIONS[stage](context, **arguments)
+        status = "skipped (already complete)" if result.get("skipped") else "finished"
+        log(f"job {stage} {status} in {time.perf_counter() - started:.1f}s")
+        return EXIT_OK
+    except CodeQError as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become one line
+        logging.getLogger("jobs").error("unexpected error", exc_info=True)
+        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INTERNAL
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(stage: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    sys.exit(run_stage(stage))
