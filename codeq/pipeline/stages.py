@@ -98,8 +98,6 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
     """Search one shard of the train tasks. Each finished trajectory is uploaded at once as
     `trajectories/shard-<i>/tasks/<task_id>.json`; a restarted pod downloads those first and
     skips their tasks, so a kill at any point loses at most the task in flight."""
-    from codeq.search import collect
-
     if shard_count < 1 or not 0 <= shard_index < shard_count:
         raise BadInputError(
             f"shard index {shard_index} is outside 0..{shard_count - 1}",
@@ -117,6 +115,8 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
         f"collect shard {shard_index}/{shard_count}: {restored} task(s) restored from the store; "
         "searching the rest"
     )
+    from codeq.search import collect
+
     uploader = TrajectoryUploader(ctx.store, ctx.layout, shard_index, out_path)
     uploader.start()
     try:
@@ -257,8 +257,6 @@ def completed_shards(ctx: StageContext) -> list[int]:
 
 
 def pairs_stage(ctx: StageContext) -> dict[str, Any]:
-    from codeq.pairs import make_pairs
-
     prefix = ctx.layout.stage("pairs")
     done = _already_done(ctx, prefix, "pairs")
     if done:
@@ -268,6 +266,8 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
         shard_dir = ctx.workdir(f"pairs-in/shard-{index}")
         ctx.store.get_dir(ctx.layout.shard(index), shard_dir)
         shard_files.append(shard_dir / "trajectories.jsonl")
+    from codeq.pairs import make_pairs
+
     out_dir = ctx.workdir("pairs")
     log(f"pairs: building preference pairs from {len(shard_files)} shard(s)")
     stats = make_pairs(shard_files, out_dir, ctx.config)
@@ -283,8 +283,6 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
 def train_stage(ctx: StageContext) -> dict[str, Any]:
     """Train the round's adapter. With zero pairs there is nothing to learn from: the marker
     records `trained: false` and later stages keep the current policy."""
-    from codeq.train import train_dpo
-
     prefix = ctx.layout.stage("adapter")
     done = _already_done(ctx, prefix, "train")
     if done:
@@ -300,6 +298,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         write_json(empty / "metrics.json", {"trained": False, "reason": "no preference pairs"})
         ctx.store.put_dir(prefix, empty)
         return _finish(ctx, prefix, "train", {"trained": False, "reason": "no preference pairs"})
+    from codeq.train import train_dpo
+
     out_dir = ctx.workdir("train")
     log(f"train: DPO with LoRA on {n_pairs} pairs")
     metrics = train_dpo(pairs_dir / "pairs.jsonl", out_dir, ctx.config)
@@ -538,8 +538,6 @@ def copy_to_current(ctx: StageContext, adapter_dir: Path) -> None:
 
 
 def report_stage(ctx: StageContext) -> dict[str, Any]:
-    from codeq.report import render_report
-
     prefix = ctx.layout.stage("report")
     done = _already_done(ctx, prefix, "report")
     if done:
@@ -551,6 +549,8 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
         ctx.store.get_dir(stage_prefix, inputs / stage)
     for index in completed_shards(ctx):
         ctx.store.get_dir(ctx.layout.shard(index), inputs / "trajectories" / f"shard-{index}")
+    from codeq.report import render_report
+
     out_dir = ctx.workdir("report")
     log("report: rendering report.json, report.md and index.html")
     render_report(inputs, out_dir, ctx.config)
