@@ -1,7 +1,52 @@
+"""`codeq prepare --source DIR_OR_HF_ID --out DIR [--seed N] [--test-fraction F]`."""
+
 from __future__ import annotations
 
-from codeq.commands.common import not_built_yet
+import json
+from pathlib import Path
+
+import typer
+
+from codeq.commands.common import config_with
 
 
-def command() -> None:
-    raise not_built_yet("prepare", "tasks")
+def command(
+    source: str | None = typer.Option(
+        None,
+        "--source",
+        help="DebugBench clone (or its benchmark/ folder), a Hugging Face dataset id, or "
+        "'builtin'; default tasks.source.",
+    ),
+    out: Path = typer.Option(..., "--out", help="Folder for train.jsonl, test.jsonl, report.json."),
+    seed: int | None = typer.Option(None, "--seed", help="Split and synthesis seed (tasks.seed)."),
+    test_fraction: float | None = typer.Option(
+        None, "--test-fraction", help="Fraction of problem slugs held out (tasks.test_fraction)."
+    ),
+    max_items: int | None = typer.Option(
+        None, "--max-items", help="Read at most this many items (tasks.max_items)."
+    ),
+) -> None:
+    from codeq.tasks import prepare
+
+    config = config_with(
+        {
+            "tasks": {
+                "source": source,
+                "seed": seed,
+                "test_fraction": test_fraction,
+                "max_items": max_items,
+            }
+        }
+    )
+    report = prepare(config.tasks.source, out, config)
+    summary = {
+        key: report[key]
+        for key in ("items_read", "unique", "usable", "usable_fraction", "dropped_by_reason")
+    }
+    summary["train_tasks"] = report["train"]["tasks"]
+    summary["test_tasks"] = report["test"]["tasks"]
+    summary["seconds"] = report["seconds"]
+    typer.echo(json.dumps(summary))
+    typer.echo(
+        f"wrote {out / 'train.jsonl'}, {out / 'test.jsonl'}, {out / 'report.json'}", err=True
+    )

@@ -3,7 +3,7 @@ train/test split by problem, and `score_programs`, the one place verdicts are de
 
 from codeq.tasks.harness import PRELUDE, RUNNER_SOURCE
 from codeq.tasks.loaders import RawItem, deduplicate, load_source
-from codeq.tasks.prepare import prepare, split_by_slug
+from codeq.tasks.pipeline import prepare, split_by_slug
 from codeq.tasks.scoring import outputs_match, score_programs
 
 __all__ = [

@@ -14,14 +14,17 @@ RUNNER_SOURCE = (Path(__file__).parent / "runner.py").read_text(encoding="utf-8"
 
 PRELUDE = """\
 from typing import *
-import array, bisect, collections, copy, functools, heapq, itertools, math, operator, random, re
-import statistics, string, sys
 from bisect import *
 from collections import *
 from functools import *
 from heapq import *
 from itertools import *
 from math import *
+from operator import *
+from statistics import *
+import array, bisect, collections, copy, functools, heapq, itertools, math, operator, random, re
+import statistics, string, sys
+from builtins import abs, pow  # the star imports above shadow these with 2-argument versions
 sys.setrecursionlimit(20000)
 
 
@@ -123,6 +126,9 @@ def detect_entry(oracle: str, example: ParsedExample) -> dict[str, Any]:
         raise EntryError("the oracle defines no class Solution")
     method = _choose_method(classes["Solution"], example.names)
     params = _params(method)
+    n_required = len(params) - len(method.args.defaults)
+    if len(params) > len(example.names) >= n_required:
+        params = params[: len(example.names)]
     if len(params) != len(example.names):
         raise EntryError(
             f"{method.name} takes {len(params)} arguments, the example gives {len(example.names)}"

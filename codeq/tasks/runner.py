@@ -101,6 +101,8 @@ def _jsonable(value):
             return sorted(items, key=repr)
     if isinstance(value, dict):
         return {str(key): _jsonable(item) for key, item in value.items()}
+    if hasattr(value, "__iter__"):
+        return [_jsonable(item) for item in value]
     if hasattr(value, "__index__"):
         return int(value)
     if hasattr(value, "__float__"):
@@ -152,8 +154,11 @@ def _run_function(namespace, call):
     result = method(*args)
     if call.get("inplace"):
         return _jsonable(args[0])
-    if result is None and call.get("returns") in ("tree", "linked_list"):
+    returns = call.get("returns")
+    if result is None and returns in ("tree", "linked_list"):
         return []
+    if isinstance(result, list) and returns in ("tree_list", "linked_list_list"):
+        return [[] if item is None else _jsonable(item) for item in result]
     return _jsonable(result)
 
 

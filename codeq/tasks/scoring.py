@@ -166,4 +166,12 @@ def score_programs(
     items: Sequence[tuple[Task, str]], which: TestSplit, sandbox: Sandbox
 ) -> list[Verdict]:
     """Score each (task, program) on the task's visible, hidden or all tests; order preserved."""
-    return run_tests([(program, task.tests(which)) for task, program in items], sandbox)
+    requests = [
+        build_request(program, task.tests(which), task.entry.get("call_timeout_s"))
+        for task, program in items
+    ]
+    results = sandbox.run_batch(requests) if requests else []
+    return [
+        verdict_from_result(result, task.tests(which))
+        for result, (task, _) in zip(results, items, strict=True)
+    ]

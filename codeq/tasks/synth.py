@@ -144,6 +144,7 @@ class Mutator:
         }
         self.length_groups = self._length_groups()
         self.int_ties = self._int_ties()
+        self.leaf_caps = self._leaf_caps()
         self.tree_like = {
             name: any(
                 isinstance(e.values[i], list) and None in e.values[i]
@@ -196,12 +197,35 @@ class Mutator:
                     ties.setdefault(index, ("at_most", other))
         return ties
 
+    def _leaf_caps(self) -> dict[int, tuple[int, int]]:
+        """list argument -> (int argument, offset): every int inside the list stays below
+        (offset 1) or at most (offset 0) that argument, e.g. node ids in `edges` below `n`."""
+        caps: dict[int, tuple[int, int]] = {}
+        examples = self.function_examples
+        for index in range(len(self.names)):
+            if not all(isinstance(e.values[index], list) for e in examples):
+                continue
+            for other in range(len(self.names)):
+                values = [e.values[other] for e in examples]
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                    continue
+                maxima = [_max_int_leaf(e.values[index]) for e in examples]
+                if any(m is None for m in maxima) or all(m is None for m in maxima):
+                    continue
+                if all(m < v for m, v in zip(maxima, values, strict=True)):  # type: ignore[operator]
+                    caps[index] = (other, 1)
+                    break
+                if all(m <= v for m, v in zip(maxima, values, strict=True)):  # type: ignore[operator]
+                    caps[index] = (other, 0)
+                    break
+        return caps
+
     # scalar mutations ----------------------------------------------------------------------
     def _int_range(self, name: str, observed: list[int]) -> tuple[int, int]:
         if not observed:
             observed = [0, 10]
         low, high = min(observed), max(observed)
-        span = max(3, (high - low) // 2)
+        span = max(5, high - low)
         lo, hi = low - span, high + span
         if low >= 0:
             lo = max(lo, 0 if low == 0 else 1)
@@ -360,6 +384,8 @@ class Mutator:
             elif self.rng.random() < 0.7:
                 low = 1 if min(self.profiles[self.names[index]].ints or [0]) >= 1 else 0
                 values[index] = self.rng.randint(min(low, size), size) if size >= low else size
+        for index, (other, offset) in self.leaf_caps.items():
+            values[index] = _cap_leaves(values[index], values[other] - offset)
         return FunctionExample(names=list(example.names), values=values, output=None)
 
     def mutate_design(self, example: DesignExample) -> DesignExample:
@@ -406,6 +432,19 @@ class Mutator:
             if len(found) >= wanted:
                 break
         return found
+
+
+def _max_int_leaf(value: Any) -> int | None:
+    ints = [leaf for leaf in _leaves(value) if isinstance(leaf, int) and not isinstance(leaf, bool)]
+    return max(ints) if ints else None
+
+
+def _cap_leaves(value: Any, cap: int) -> Any:
+    if isinstance(value, list):
+        return [_cap_leaves(item, cap) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(value, cap)
+    return value
 
 
 def _input_key(example: ParsedExample) -> str:

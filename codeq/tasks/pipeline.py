@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ORACLE_CALL_TIMEOUT_S = 2.0
+MIN_CALL_TIMEOUT_S = 1.0  # per-call limit of a task: 20x its slowest oracle call, at least this
 CANDIDATE_FACTOR = 3  # candidates synthesized per wanted hidden test (the oracle rejects some)
 BATCH = 32
 T = TypeVar("T")
@@ -54,6 +55,7 @@ class Group:
     visible: list[TestCase]
     constraints: str
     drafts: list[Draft] = field(default_factory=list)
+    call_timeout_s: float = ORACLE_CALL_TIMEOUT_S
     candidates: list[dict[str, Any]] = field(default_factory=list)
     hidden: list[TestCase] = field(default_factory=list)
 
@@ -180,6 +182,10 @@ def run_oracles(
             drops["too_few_hidden_tests"] += len(group.drafts)
             continue
         group.hidden = hidden[:wanted]
+        slowest = max(call.seconds for call in result.calls if call is not None)
+        group.call_timeout_s = round(
+            min(config.tasks.oracle_timeout_s, max(MIN_CALL_TIMEOUT_S, 20 * slowest)), 3
+        )
         kept.append(group)
     return kept
 
@@ -206,7 +212,13 @@ def validate(
         for group in groups
         for draft in group.drafts
     ]
-    requests = [build_request(program, tests) for program, tests in oracle_items + buggy_items]
+    timeouts = [group.call_timeout_s for group in groups] + [
+        group.call_timeout_s for group in groups for _ in group.drafts
+    ]
+    requests = [
+        build_request(program, tests, timeout)
+        for (program, tests), timeout in zip(oracle_items + buggy_items, timeouts, strict=True)
+    ]
     results = _chunked_batch(sandbox, requests, "validate", progress)
     verdicts = [
         verdict_from_result(result, tests)
@@ -240,7 +252,11 @@ def _task(draft: Draft, group: Group) -> Task:
         buggy_code=item.buggy_code,
         oracle_code=item.oracle_code,
         bug_explanation=item.bug_explanation,
-        entry={**draft.entry, "unordered": bool(group.visible[0].check.get("unordered"))},
+        entry={
+            **draft.entry,
+            "unordered": bool(group.visible[0].check.get("unordered")),
+            "call_timeout_s": group.call_timeout_s,
+        },
         visible_tests=list(draft.visible),
         hidden_tests=list(group.hidden),
     )
