@@ -446,7 +446,7 @@ def find_tool(name: str) -> str:
 def run_checkov(directory: Path, framework: str) -> dict[str, Any]:
     checkov = find_tool("checkov")
     result = subprocess.run(
-        [checkov, "-d", str(directory), "--framework", framework, "-o", "json", "--quiet",
+        [checkov, "-d", str(directory), "--framework", framework, "-o", "json",
          "--compact", "--skip-download"],
         capture_output=True,
         text=True,
@@ -465,9 +465,9 @@ def run_checkov(directory: Path, framework: str) -> dict[str, Any]:
         summary["failed"] += rep["summary"]["failed"]
         summary["skipped"] += rep["summary"]["skipped"]
         summary["failed_checks"] += [
-            f"{c['check_id']} {c['resource']} {c['file_path']}" for c in rep["results"]["failed_checks"]
+            f"{c['check_id']} {c['resource']} {c['file_path']}" for c in rep["results"].get("failed_checks", [])
         ]
-        summary["skipped_checks"] += rep["results"]["skipped_checks"]
+        summary["skipped_checks"] += rep["results"].get("skipped_checks", [])
     return summary
 
 
@@ -493,7 +493,17 @@ def test_checkov_passes_on_the_rendered_chart(chart_checkov):
 
 
 def test_every_checkov_skip_carries_a_reason(chart_checkov):
-    assert chart_checkov["skipped"] >= 1
-    for check in chart_checkov["skipped_checks"]:
-        reason = (check.get("suppress_comment") or "").strip()
-        assert len(reason) > 30, check["check_id"]
+    """Skips live as `checkov.io/skipN: CHECK=reason` annotations on the rendered Jobs; checkov
+    drops the reason from its report, so the reasons are read from the manifests themselves."""
+    reasons: dict[str, set[str]] = {}
+    for scenario in SCENARIOS:
+        for job in stage_jobs(scenario).values():
+            for key, value in job["metadata"].get("annotations", {}).items():
+                if key.startswith("checkov.io/skip"):
+                    check, _, reason = value.partition("=")
+                    assert len(reason.strip()) > 40, value
+                    reasons.setdefault(check, set()).add(reason)
+    skipped = {c["check_id"] for c in chart_checkov["skipped_checks"]}
+    assert skipped, "expected the documented sandbox/tag skips"
+    assert skipped <= set(reasons), skipped - set(reasons)
+    assert skipped == {"CKV_K8S_43", "CKV_K8S_31", "CKV_K8S_15"}

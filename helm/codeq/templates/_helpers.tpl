@@ -75,6 +75,9 @@ metadata:
     {{- if $s.sandbox }}
     checkov.io/skip2: CKV_K8S_31=Sandbox stages run rootless gVisor (runsc), which needs unshare(CLONE_NEWUSER), mount and pivot_root that RuntimeDefault seccomp denies without CAP_SYS_ADMIN; the profile is sandbox.seccompProfile (Localhost supported), no capability is added.
     {{- end }}
+    {{- if ne $root.Values.images.pullPolicy "Always" }}
+    checkov.io/skip3: CKV_K8S_15=images.pullPolicy is set to {{ $root.Values.images.pullPolicy }} on purpose (kind loads locally built images into its nodes; Always would try a registry that does not hold them).
+    {{- end }}
 spec:
   {{- if $indexed }}
   completionMode: Indexed
@@ -172,6 +175,8 @@ spec:
             - name: JOB_COMPLETION_COUNT
               value: {{ $s.shards | quote }}
             {{- end }}
+            - name: CODEQ_SCRATCH_DIR
+              value: /scratch
             - name: CODEQ_WORK_DIR
               value: /scratch/work
             - name: CODEQ_POLICY__CACHE_DIR
