@@ -1,0 +1,422 @@
+"""PolicyEngine: load a causal LM once (HF id, folder, .gguf, 'smollm2'), generate in batches.
+
+Device, dtype and quantization are resolved from `PolicyConfig`:
+
+- device 'auto': CUDA when available, else CPU.
+- dtype 'auto': bf16 on CUDA when supported (else fp16); on CPU bf16 when the CPU has native
+  bf16 arithmetic (AVX512-BF16 or AMX; measured ~2x fp32 for batched decoding), else fp32.
+- quantization 'auto': 4-bit NF4 via bitsandbytes on CUDA, none on CPU. 'nf4' on CPU is a
+  ConfigError (bitsandbytes' 4-bit kernels are CUDA kernels).
+
+Generation groups requests with the same sampling settings, expands each request into `n`
+sequences, sorts them by prompt length (less padding) and runs chunks of `batch_size`
+sequences through one left-padded `model.generate` call each. A per-sequence stopping criterion
+ends a sequence at the close of its first fenced code block.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from codeq.config import PolicyConfig
+from codeq.errors import ConfigError, ModelLoadError
+from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
+from codeq.schemas import ChatMessage
+
+log = logging.getLogger(__name__)
+
+FENCE = "```"
+StopKind = Literal["code", "none"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chat prompt to complete `n` times with the same sampling settings."""
+
+    messages: list[ChatMessage]
+    n: int = 1
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 768
+    stop: StopKind = "code"  # 'code': end a sample when its first fenced block closes
+
+
+@dataclass
+class GenerationResult:
+    texts: list[str]
+    prompt_tokens: int
+    completion_tokens: list[int]
+    seconds: float = 0.0
+
+
+@dataclass
+class GenerationStats:
+    """Running totals of one engine (benchmarks and trajectories read them)."""
+
+    calls: int = 0
+    sequences: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- device, dtype, quantization
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 dot products (AVX512-BF16 or AMX)."""
+    import torch
+
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def resolve_device(config: PolicyConfig) -> str:
+    import torch
+
+    if config.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "policy.device is 'cuda' but no CUDA device is available",
+            hint="set policy.device to 'auto' or 'cpu' (CODEQ_POLICY__DEVICE=cpu)",
+        )
+    return config.device
+
+
+def resolve_dtype(config: PolicyConfig, device: str) -> Any:
+    import torch
+
+    named = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if config.dtype != "auto":
+        return named[config.dtype]
+    if device == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+def resolve_quantization(config: PolicyConfig, device: str) -> str:
+    if config.quantization == "auto":
+        return "nf4" if device == "cuda" else "none"
+    if config.quantization == "nf4" and device != "cuda":
+        raise ConfigError(
+            "policy.quantization 'nf4' needs a CUDA device (bitsandbytes 4-bit kernels)",
+            hint="use policy.quantization 'auto' or 'none' on CPU",
+        )
+    return config.quantization
+
+
+def resolve_model_path(model: str, cache_dir: str) -> str:
+    """Local folder, materialized GGUF folder, or the HF id unchanged."""
+    if model == SMOLLM2_ALIAS:
+        return str(materialize_gguf(smollm2_gguf_path(), cache_dir))
+    path = Path(model).expanduser()
+    if model.endswith(".gguf"):
+        return str(materialize_gguf(path, cache_dir))
+    if path.is_dir():
+        return str(path)
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise ModelLoadError(
+            f"model path {model} is not a model folder or .gguf file",
+            hint="pass a folder with config.json and weights, a .gguf file, or a Hugging Face id",
+        )
+    return model
+
+
+# ---------------------------------------------------------------- stopping
+
+
+def _make_stopping(tokenizer: Any, prompt_width: int, batch: int, kinds: list[StopKind]) -> Any:
+    import torch
+    from transformers import StoppingCriteria
+
+    eos_ids = _eos_ids(tokenizer)
+
+    class CodeBlockStop(StoppingCriteria):
+        """Per sequence: done at EOS, or (stop='code') when the first fenced block closes.
+        Records each sequence's real completion length (padding excluded)."""
+
+        def __init__(self) -> None:
+            self.tails = [""] * batch
+            self.lengths: list[int | None] = [None] * batch
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            step = input_ids.shape[1] - prompt_width
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            last = input_ids[:, -1].tolist()
+            for row, token in enumerate(last):
+                if self.lengths[row] is not None:
+                    done[row] = True
+                    continue
+                if token in eos_ids:
+                    self.lengths[row] = step
+                    done[row] = True
+                    continue
+                if kinds[row] == "code":
+                    self.tails[row] += tokenizer.decode([token])
+                    if _closes_code_block(self.tails[row]):
+                        self.lengths[row] = step
+                        done[row] = True
+            return done
+
+    return CodeBlockStop()
+
+
+def _closes_code_block(text: str) -> bool:
+    opening = text.find(FENCE)
+    if opening < 0:
+        return False
+    body_start = text.find("\n", opening)
+    return body_start >= 0 and text.find(FENCE, body_start) >= 0
+
+
+def _cut_after_code_block(text: str) -> str:
+    opening = text.find(FENCE)
+    if opening < 0:
+        return text
+    body_start = text.find("\n", opening)
+    if body_start < 0:
+        return text
+    closing = text.find(FENCE, body_start)
+    return text if closing < 0 else text[: closing + len(FENCE)]
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id >= 0:
+            ids.add(token_id)
+    return ids
+
+
+# ---------------------------------------------------------------- the engine
+
+
+@dataclass
+class _Sequence:
+    request: int
+    prompt_ids: list[int]
+
+
+class PolicyEngine:
+    """A loaded model and tokenizer; `generate` is batched and preserves request order."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        device: str,
+        batch_size: int = 16,
+        max_prompt_tokens: int = 3072,
+        quantization: str = "none",
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = device
+        self.batch_size = batch_size
+        self.max_prompt_tokens = max_prompt_tokens
+        self.quantization = quantization
+        self.stats = GenerationStats()
+        self._eos = sorted(_eos_ids(tokenizer))
+
+    @property
+    def dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
+
+    @classmethod
+    def load(cls, config: PolicyConfig, *, seed: int | None = None) -> PolicyEngine:
+        """Load model (+ optional LoRA adapter) and tokenizer as `config` says."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = resolve_device(config)
+        quantization = resolve_quantization(config, device)
+        dtype = resolve_dtype(config, device)
+        path = resolve_model_path(config.model, config.cache_dir)
+        if seed is not None:
+            torch.manual_seed(seed)
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if quantization == "nf4":
+            kwargs["quantization_config"] = _nf4_config(dtype)
+            kwargs["device_map"] = {"": 0}
+        cache = str(Path(config.cache_dir).expanduser())
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=cache)
+            model = AutoModelForCausalLM.from_pretrained(path, cache_dir=cache, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(
+                f"cannot load model {config.model}: {str(exc).splitlines()[0]}",
+                hint="check policy.model: a local folder, a .gguf file, 'smollm2', or a "
+                "Hugging Face id reachable from here",
+            ) from exc
+        if quantization != "nf4":
+            model = model.to(device)  # type: ignore[arg-type]
+        if config.adapter:
+            model = _apply_adapter(model, config.adapter)
+        model.eval()
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer.chat_template is None:
+            raise ModelLoadError(
+                f"the tokenizer of {config.model} has no chat template",
+                hint="use an instruction-tuned model (its tokenizer defines a chat template)",
+            )
+        log.info("policy %s on %s (%s, quantization=%s)", config.model, device, dtype, quantization)
+        return cls(
+            model,
+            tokenizer,
+            name=config.model,
+            device=device,
+            batch_size=config.batch_size,
+            max_prompt_tokens=config.max_prompt_tokens,
+            quantization=quantization,
+        )
+
+    # -------------------------------------------------------------- tokens
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Token ids of the chat prompt (template + generation prompt), cut from the top."""
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        ids: list[int] = self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        return ids[-self.max_prompt_tokens :]
+
+    # -------------------------------------------------------------- generation
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], *, seed: int | None = None
+    ) -> list[GenerationResult]:
+        """Complete every request `n` times; batched across requests; order preserved."""
+        import torch
+
+        if seed is not None:
+            torch.manual_seed(seed)
+        prompts = [self.encode_chat(request.messages) for request in requests]
+        texts: list[list[str]] = [[] for _ in requests]
+        lengths: list[list[int]] = [[] for _ in requests]
+        seconds = [0.0] * len(requests)
+        for group in _group_by_settings(requests):
+            sequences = [
+                _Sequence(index, prompts[index])
+                for index in group
+                for _ in range(requests[index].n)
+            ]
+            sequences.sort(key=lambda s: len(s.prompt_ids))
+            for start in range(0, len(sequences), self.batch_size):
+                chunk = sequences[start : start + self.batch_size]
+                began = time.perf_counter()
+                outputs = self._generate_chunk(chunk, requests[group[0]])
+                spent = (time.perf_counter() - began) / len(chunk)
+                for sequence, (text, count) in zip(chunk, outputs, strict=True):
+                    texts[sequence.request].append(text)
+                    lengths[sequence.request].append(count)
+                    seconds[sequence.request] += spent
+        results = [
+            GenerationResult(texts[i], len(prompts[i]), lengths[i], seconds[i])
+            for i in range(len(requests))
+        ]
+        self.stats.prompt_tokens += sum(len(p) for p in prompts)
+        return results
+
+    def _generate_chunk(
+        self, chunk: list[_Sequence], settings: GenerationRequest
+    ) -> list[tuple[str, int]]:
+        import torch
+
+        width = max(len(s.prompt_ids) for s in chunk)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor(
+            [[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in chunk],
+            device=self.model.device,
+        )
+        attention = torch.tensor(
+            [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in chunk],
+            device=self.model.device,
+        )
+        stopper = _make_stopping(self.tokenizer, width, len(chunk), [settings.stop] * len(chunk))
+        sampling: dict[str, Any] = {"do_sample": False}
+        if settings.temperature > 0:
+            sampling = {
+                "do_sample": True,
+                "temperature": settings.temperature,
+                "top_p": settings.top_p,
+                "top_k": 0,
+            }
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=settings.max_new_tokens,
+                stopping_criteria=[stopper],
+                pad_token_id=pad,
+                eos_token_id=self._eos,
+                **sampling,
+            )
+        generated = output[:, width:].tolist()
+        results: list[tuple[str, int]] = []
+        for row, tokens in enumerate(generated):
+            count = stopper.lengths[row] or len(tokens)
+            text = self.tokenizer.decode(tokens[:count], skip_special_tokens=True)
+            if settings.stop == "code":
+                text = _cut_after_code_block(text)
+            results.append((text, count))
+        self.stats.calls += 1
+        self.stats.sequences += len(chunk)
+        self.stats.batch_sizes.append(len(chunk))
+        self.stats.completion_tokens += sum(count for _, count in results)
+        return results
+
+
+def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, request in enumerate(requests):
+        key = (request.temperature, request.top_p, request.max_new_tokens, request.stop)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def _nf4_config(dtype: Any) -> Any:
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError as exc:
+        raise ModelLoadError(
+            "4-bit NF4 needs bitsandbytes",
+            hint="pip install bitsandbytes, or set quantization none",
+        ) from exc
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=dtype,
+        bnb_4bit_use_double_quant=True,
+    )
+
+
+def _apply_adapter(model: Any, adapter: str) -> Any:
+    from peft import PeftModel
+
+    folder = Path(adapter).expanduser()
+    if not (folder / "adapter_config.json").is_file():
+        raise ModelLoadError(
+            f"LoRA adapter not found: {folder} has no adapter_config.json",
+            hint="point policy.adapter at the adapter/ folder written by `codeq train`",
+        )
+    try:
+        return PeftModel.from_pretrained(model, str(folder), is_trainable=False)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot apply adapter {folder}: {exc}") from exc

@@ -1,0 +1,172 @@
+"""Prompts for rewrites and the extraction of the rewritten program from the model's answer.
+
+Only the problem statement, its visible examples, programs and feedback from failing *visible*
+tests ever enter a prompt; hidden tests never do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from codeq.schemas import ChatMessage, Task, TestCase, TestOutcome
+
+SYSTEM_PROMPT = (
+    "You are an expert Python programmer who fixes bugs. Read the problem and the buggy program, "
+    "find every bug, and answer with the complete corrected program in one ```python code block."
+)
+FIX_INSTRUCTION = (
+    "Fix the bugs in this program. Keep the class and method signatures. Reply with the full "
+    "corrected program in a single ```python code block."
+)
+MAX_FEEDBACK_TESTS = 3
+MAX_FEEDBACK_CHARS = 300
+
+
+def _fenced(code: str) -> str:
+    return f"```python\n{code.rstrip()}\n```"
+
+
+def problem_text(task: Task) -> str:
+    """The statement, visible examples and constraints (never the hidden tests)."""
+    parts = [f"Problem:\n{task.description.strip()}"]
+    if task.examples:
+        examples = "\n\n".join(f"Example {i}:\n{e.strip()}" for i, e in enumerate(task.examples, 1))
+        parts.append(examples)
+    if task.constraints.strip():
+        parts.append(f"Constraints:\n{task.constraints.strip()}")
+    return "\n\n".join(parts)
+
+
+def agent_messages(task: Task) -> list[ChatMessage]:
+    """First-turn prompt of the agent: problem, examples, the buggy program."""
+    user = (
+        f"{problem_text(task)}\n\nBuggy program:\n{_fenced(task.buggy_code)}\n\n{FIX_INSTRUCTION}"
+    )
+    return [
+        ChatMessage(role="system", content=SYSTEM_PROMPT),
+        ChatMessage(role="user", content=user),
+    ]
+
+
+def plain_messages(task: Task) -> list[ChatMessage]:
+    """Minimal prompt (zero-shot baseline): the problem statement and the buggy code only."""
+    user = (
+        f"{task.description.strip()}\n\n{_fenced(task.buggy_code)}\n\n"
+        "Fix the bug and give the corrected code."
+    )
+    return [ChatMessage(role="user", content=user)]
+
+
+@dataclass(frozen=True)
+class FailedTest:
+    """One failing visible test, as shown to the model."""
+
+    call: str
+    expected: str
+    got: str
+
+
+def visible_failures(
+    task: Task, outcomes: Sequence[TestOutcome], limit: int = MAX_FEEDBACK_TESTS
+) -> list[FailedTest]:
+    """Failing tests among the *visible* ones. `outcomes` are aligned with
+    `task.tests(...)`, which always lists visible tests first; anything past them is ignored."""
+    failures: list[FailedTest] = []
+    for test, outcome in zip(task.visible_tests, outcomes, strict=False):
+        if outcome.passed:
+            continue
+        failures.append(
+            FailedTest(
+                call=_clip(describe_call(test)),
+                expected=_clip(json.dumps(test.expected)),
+                got=_clip(outcome.detail or outcome.status),
+            )
+        )
+        if len(failures) >= limit:
+            break
+    return failures
+
+
+def describe_call(test: TestCase) -> str:
+    """A readable form of a harness call: `method(arg, ...)` or the design ops and arguments."""
+    call: dict[str, Any] = test.call
+    if call.get("kind") == "function" and "method" in call:
+        args = ", ".join(json.dumps(arg) for arg in call.get("args", []))
+        return f"{call['method']}({args})"
+    if call.get("kind") == "design":
+        return f"{json.dumps(call.get('ops', []))} {json.dumps(call.get('args', []))}"
+    return json.dumps(call)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_FEEDBACK_CHARS else text[:MAX_FEEDBACK_CHARS] + "..."
+
+
+def feedback_text(failures: Sequence[FailedTest]) -> str:
+    """Feedback from failing *visible* tests only. When every visible test passes, nothing about
+    other tests is said: hidden outcomes never reach a prompt."""
+    if not failures:
+        return (
+            "Your program passes the examples. Check it carefully against the problem statement "
+            f"for remaining bugs and edge cases. {FIX_INSTRUCTION}"
+        )
+    lines = ["Your program fails these tests:"]
+    for failure in failures:
+        lines.append(f"Input: {failure.call}\nExpected: {failure.expected}\nGot: {failure.got}")
+    lines.append(FIX_INSTRUCTION)
+    return "\n\n".join(lines)
+
+
+def refine_messages(
+    task: Task, parent_program: str, failures: Sequence[FailedTest]
+) -> list[ChatMessage]:
+    """Multi-turn prompt for a deeper node: the first turn, the parent rewrite as the assistant's
+    answer, then feedback from the parent's failing visible tests."""
+    return [
+        *agent_messages(task),
+        ChatMessage(role="assistant", content=_fenced(parent_program)),
+        ChatMessage(role="user", content=feedback_text(failures)),
+    ]
+
+
+# ---------------------------------------------------------------- extraction
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_CODE_START = re.compile(r"^(class |def |import |from |@)", re.MULTILINE)
+
+
+def extract_program(text: str) -> str:
+    """The rewritten program in a model answer: the last fenced block that looks like Python
+    (an unterminated last block counts); else the text from the first `class`/`def`/`import`
+    line; else ''."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE_RE.findall(text)]
+    python_blocks = [body for lang, body in blocks if lang in ("python", "py", "python3", "")]
+    for body in reversed(python_blocks):
+        if body.strip():
+            return _normalize(body)
+    match = _CODE_START.search(text)
+    if match:
+        return _normalize(text[match.start() :].split("```")[0])
+    return ""
+
+
+def _normalize(code: str) -> str:
+    return code.strip("\n").rstrip() + "\n" if code.strip() else ""
+
+
+def same_program(a: str, b: str) -> bool:
+    """Equal up to trailing whitespace and blank lines."""
+
+    def canon(code: str) -> list[str]:
+        return [line.rstrip() for line in code.strip().splitlines() if line.strip()]
+
+    return canon(a) == canon(b)
+
+
+def is_valid_rewrite(program: str, *originals: str) -> bool:
+    """Non-empty and different from every program it rewrites."""
+    return bool(program.strip()) and not any(same_program(program, o) for o in originals)

@@ -1,0 +1,18 @@
+"""Search over full-program rewrites: MCTS, best-of-N, single greedy rewrites; `collect`."""
+
+from codeq.search.collect import collect
+from codeq.search.mcts import Policy, Scorer, run_search, sandbox_scorer, search
+from codeq.search.tree import SEARCH_MODES, SearchSettings, Tree, ucb1
+
+__all__ = [
+    "SEARCH_MODES",
+    "Policy",
+    "Scorer",
+    "SearchSettings",
+    "Tree",
+    "collect",
+    "run_search",
+    "sandbox_scorer",
+    "search",
+    "ucb1",
+]

@@ -1,0 +1,154 @@
+"""`collect`: search one shard of a tasks file and append each trajectory as soon as it is done.
+
+Resumable: task ids already in `out_path` are skipped, and a torn last line (a kill during a
+write) is cut off before appending, so a restart never duplicates a task and loses at most the
+tasks that were in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from codeq.config import CodeQConfig
+from codeq.errors import BadInputError
+from codeq.schemas import Task, Trajectory, read_jsonl, write_jsonl
+from codeq.search.mcts import Policy, Scorer, run_search
+
+log = logging.getLogger(__name__)
+
+
+def shard_of(tasks: list[Task], shard_index: int, shard_count: int) -> list[Task]:
+    """Tasks i with i % shard_count == shard_index (the file's order; every task in one shard)."""
+    if shard_count < 1 or not 0 <= shard_index < shard_count:
+        raise BadInputError(
+            f"shard index {shard_index} is outside 0..{shard_count - 1}",
+            hint="pass --shard-index below --shard-count",
+        )
+    return [task for i, task in enumerate(tasks) if i % shard_count == shard_index]
+
+
+def finished_task_ids(out_path: Path) -> set[str]:
+    """Task ids with a complete record in `out_path`; cuts a torn (unterminated) last line."""
+    if not out_path.is_file():
+        return set()
+    data = out_path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        log.warning("%s: dropping a torn last line (an interrupted write)", out_path)
+        with out_path.open("r+b") as handle:
+            handle.truncate(keep)
+    return {trajectory.task_id for trajectory in read_jsonl(out_path, Trajectory)}
+
+
+def collect(
+    tasks_path: str | Path,
+    out_path: str | Path,
+    config: CodeQConfig,
+    *,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    engine: Policy | None = None,
+    mode: str | None = None,
+    rollouts: int | None = None,
+    max_tasks: int | None = None,
+    scorer: Scorer | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Search the shard's tasks not yet in `out_path`; append one trajectory per task.
+
+    Rewards come from config.search.reward_tests ('all' on train tasks). Returns a summary."""
+    out_path = Path(out_path)
+    tasks = shard_of(read_jsonl(tasks_path, Task), shard_index, shard_count)
+    if max_tasks is not None:
+        tasks = tasks[:max_tasks]
+    done = finished_task_ids(out_path)
+    todo = [task for task in tasks if task.task_id not in done]
+    started = time.perf_counter()
+    trajectories: list[Trajectory] = []
+    if todo:
+        if engine is None:
+            from codeq.policy import PolicyEngine
+
+            engine = PolicyEngine.load(config.policy, seed=config.tasks.seed)
+        trajectories = _search_and_append(
+            todo, out_path, config, engine, mode, rollouts, scorer, progress
+        )
+    return summarize(
+        trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started, mode
+    )
+
+
+def _search_and_append(
+    todo: list[Task],
+    out_path: Path,
+    config: CodeQConfig,
+    engine: Policy,
+    mode: str | None,
+    rollouts: int | None,
+    scorer: Scorer | None,
+    progress: bool,
+) -> list[Trajectory]:
+    from tqdm import tqdm
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(todo), desc="collect", unit="task", file=sys.stderr, disable=not progress)
+
+    def append(trajectory: Trajectory) -> None:
+        write_jsonl(out_path, [trajectory], append=True)
+        bar.update(1)
+        bar.set_postfix(solved=trajectory.solved)
+
+    try:
+        if scorer is not None:
+            return run_search(
+                todo,
+                engine,
+                None,
+                config,
+                mode=mode,
+                rollouts=rollouts,
+                on_trajectory=append,
+                scorer=scorer,
+            )
+        from codeq.sandbox import Sandbox
+
+        with Sandbox(config.sandbox) as sandbox:
+            return run_search(
+                todo, engine, sandbox, config, mode=mode, rollouts=rollouts, on_trajectory=append
+            )
+    finally:
+        bar.close()
+
+
+def summarize(
+    trajectories: list[Trajectory],
+    config: CodeQConfig,
+    shard_tasks: int,
+    skipped: int,
+    out_path: Path,
+    started: float,
+    mode: str | None,
+) -> dict[str, Any]:
+    seconds = time.perf_counter() - started
+    prompt = sum(t.prompt_tokens for t in trajectories)
+    completion = sum(t.completion_tokens for t in trajectories)
+    solved = sum(t.solved for t in trajectories)
+    return {
+        "out": str(out_path),
+        "mode": mode or config.search.mode,
+        "reward_tests": config.search.reward_tests,
+        "shard_tasks": shard_tasks,
+        "skipped": skipped,
+        "searched": len(trajectories),
+        "solved": solved,
+        "solve_rate": round(solved / len(trajectories), 4) if trajectories else 0.0,
+        "nodes": sum(len(t.nodes) for t in trajectories),
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "seconds": round(seconds, 2),
+        "completion_tokens_per_s": round(completion / seconds, 2) if seconds > 0 else 0.0,
+    }

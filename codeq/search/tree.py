@@ -1,0 +1,267 @@
+"""One task's search tree: nodes, UCB1 selection, expansion prompts, backpropagation, the final
+answer. Pure bookkeeping; the loop that advances many trees together is in `codeq.search.mcts`."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from codeq.config import CodeQConfig
+from codeq.policy.engine import GenerationRequest
+from codeq.policy.prompts import (
+    agent_messages,
+    plain_messages,
+    refine_messages,
+    visible_failures,
+)
+from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdict
+
+SearchMode = Literal["mcts", "bon", "greedy", "plain"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
+# Trajectory.mode uses the evaluation's names for the single-rewrite modes.
+TRAJECTORY_MODE = {"mcts": "mcts", "bon": "bon", "greedy": "full_rewrite", "plain": "zero_shot"}
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Everything one search run needs, resolved from the config and run_search's arguments."""
+
+    mode: SearchMode
+    reward_tests: TestSplit
+    rollouts: int
+    rewrites: int
+    temperature: float
+    top_p: float
+    max_depth: int
+    exploration: float
+    stop_on_pass: bool
+    parallel_trees: int
+    max_new_tokens: int
+    critique: bool
+    critique_temperature: float
+    critique_max_new_tokens: int
+    model: str = ""
+
+    @classmethod
+    def resolve(
+        cls,
+        config: CodeQConfig,
+        *,
+        mode: str | None = None,
+        reward_tests: str | None = None,
+        rollouts: int | None = None,
+        model: str = "",
+    ) -> SearchSettings:
+        from codeq.errors import ConfigError
+
+        search, policy = config.search, config.policy
+        chosen = mode or search.mode
+        if chosen not in SEARCH_MODES:
+            raise ConfigError(
+                f"unknown search mode {chosen!r}", hint=f"use one of {', '.join(SEARCH_MODES)}"
+            )
+        reward = reward_tests or search.reward_tests
+        if reward not in ("all", "visible"):
+            raise ConfigError(
+                f"reward_tests must be 'all' or 'visible', not {reward!r}",
+                hint="hidden tests alone never reward a search",
+            )
+        if rollouts is not None and rollouts < 1:
+            raise ConfigError(f"rollouts must be >= 1, not {rollouts}")
+        common = {
+            "reward_tests": reward,
+            "exploration": search.exploration,
+            "stop_on_pass": search.stop_on_pass,
+            "parallel_trees": search.parallel_trees,
+            "max_new_tokens": policy.max_new_tokens,
+            "critique_temperature": policy.critique_temperature,
+            "critique_max_new_tokens": policy.critique_max_new_tokens,
+            "model": model,
+        }
+        if chosen == "mcts":
+            return cls(
+                mode="mcts",
+                rollouts=rollouts or search.rollouts,
+                rewrites=search.rewrites_per_expansion,
+                temperature=search.temperature,
+                top_p=search.top_p,
+                max_depth=search.max_depth,
+                critique=policy.critique,
+                **common,  # type: ignore[arg-type]
+            )
+        if chosen == "bon":
+            return cls(
+                mode="bon",
+                rollouts=1,
+                rewrites=rollouts or search.bon_samples,
+                temperature=search.temperature,
+                top_p=search.top_p,
+                max_depth=1,
+                critique=policy.critique,
+                **common,  # type: ignore[arg-type]
+            )
+        return cls(
+            mode=chosen,  # type: ignore[arg-type]
+            rollouts=1,
+            rewrites=1,
+            temperature=0.0,
+            top_p=1.0,
+            max_depth=1,
+            critique=False,
+            **common,  # type: ignore[arg-type]
+        )
+
+
+def ucb1(child: Node, parent_visits: int, exploration: float) -> float:
+    """Q_mcts + c * sqrt(ln N_parent / n_child); unvisited children come first."""
+    if child.visits == 0:
+        return math.inf
+    mean = child.value_sum / child.visits
+    return mean + exploration * math.sqrt(math.log(max(parent_visits, 1)) / child.visits)
+
+
+def reward_of(verdict: Verdict | None) -> float:
+    """The search reward: the pass fraction on the reward tests (0 for invalid rewrites)."""
+    return verdict.pass_fraction if verdict is not None else 0.0
+
+
+@dataclass
+class Tree:
+    """The search over one task. Node 0 is the buggy program."""
+
+    task: Task
+    settings: SearchSettings
+    index: int = 0
+    nodes: list[Node] = field(default_factory=list)
+    children: dict[int, list[int]] = field(default_factory=dict)
+    rollouts_done: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes.append(Node(id=0, parent=None, depth=0, program=self.task.buggy_code))
+            self.children[0] = []
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[0]
+
+    def first_pass(self) -> Node | None:
+        return next((n for n in self.nodes[1:] if n.verdict is not None and n.verdict.passed), None)
+
+    @property
+    def done(self) -> bool:
+        if self.settings.stop_on_pass and self.first_pass() is not None:
+            return True
+        return self.rollouts_done >= self.settings.rollouts
+
+    def selectable(self, node: Node) -> bool:
+        """A node the search may still descend into or expand."""
+        passed = node.verdict is not None and node.verdict.passed and node.id != 0
+        return node.valid and node.depth < self.settings.max_depth and not passed
+
+    # ------------------------------------------------------------------ 1. selection
+
+    def select(self) -> Node:
+        """Descend from the root by UCB1 through selectable children; expand where none is."""
+        node = self.root
+        while True:
+            options = [self.nodes[i] for i in self.children[node.id]]
+            options = [child for child in options if self.selectable(child)]
+            if not options:
+                return node
+            parent_visits = node.visits
+            node = max(
+                options, key=lambda c: (ucb1(c, parent_visits, self.settings.exploration), -c.id)
+            )
+
+    # ------------------------------------------------------------------ 2. expansion
+
+    def prompt_for(self, node: Node) -> list[ChatMessage]:
+        """The chat that asks for rewrites of `node`: the first turn at the root; for deeper
+        nodes the parent's program and its failing *visible* tests as feedback."""
+        if self.settings.mode == "plain":
+            return plain_messages(self.task)
+        if node.id == 0:
+            return agent_messages(self.task)
+        outcomes = node.verdict.tests if node.verdict is not None else []
+        failures = visible_failures(self.task, outcomes)
+        return refine_messages(self.task, node.program, failures)
+
+    def expansion_request(self, node: Node) -> GenerationRequest:
+        return GenerationRequest(
+            messages=self.prompt_for(node),
+            n=self.settings.rewrites,
+            temperature=self.settings.temperature,
+            top_p=self.settings.top_p,
+            max_new_tokens=self.settings.max_new_tokens,
+        )
+
+    def add_child(
+        self, parent: Node, prompt: list[ChatMessage], completion: str, program: str, valid: bool
+    ) -> Node:
+        child = Node(
+            id=len(self.nodes),
+            parent=parent.id,
+            depth=parent.depth + 1,
+            rollout=self.rollouts_done,
+            prompt=prompt,
+            completion=completion,
+            program=program,
+            valid=valid,
+        )
+        self.nodes.append(child)
+        self.children[child.id] = []
+        self.children[parent.id].append(child.id)
+        return child
+
+    # ------------------------------------------------------------------ 3. backpropagation
+
+    def backpropagate(self, node: Node, reward: float) -> None:
+        """Add one visit with `reward` to the node and every ancestor."""
+        current: Node | None = node
+        while current is not None:
+            current.visits += 1
+            current.value_sum += reward
+            current.q_mcts = current.value_sum / current.visits
+            current = self.nodes[current.parent] if current.parent is not None else None
+
+    # ------------------------------------------------------------------ the answer
+
+    def final_node(self) -> Node:
+        """The program the search returns, chosen from reward-test results and critique only:
+        highest pass fraction, then Q_ai, then shallower, then earlier. The buggy root only
+        when no valid rewrite was produced."""
+        candidates = [n for n in self.nodes[1:] if n.valid and n.verdict is not None]
+        if not candidates:
+            return self.root
+        return max(
+            candidates,
+            key=lambda n: (reward_of(n.verdict), n.q_ai or 0.0, -n.depth, -n.id),
+        )
+
+    def trajectory(self) -> Trajectory:
+        first = self.first_pass()
+        return Trajectory(
+            task_id=self.task.task_id,
+            slug=self.task.slug,
+            level=self.task.level,
+            category=self.task.category,
+            subtype=self.task.subtype,
+            mode=TRAJECTORY_MODE[self.settings.mode],
+            reward_tests=self.settings.reward_tests,
+            nodes=self.nodes,
+            solved=first is not None,
+            first_pass_node=first.id if first is not None else None,
+            final_node=self.final_node().id,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            seconds=round(time.perf_counter() - self.started, 3),
+            model=self.settings.model,
+        )
