@@ -133,7 +133,7 @@ def resolve_model_path(model: str, cache_dir: str) -> str:
 # ---------------------------------------------------------------- stopping
 
 
-def _make_stopping(tokenizer: Any, prompt_width: int, batch: int, kinds: list[StopKind]) -> Any:
+def code_block_stopper(tokenizer: Any, prompt_width: int, batch: int, kinds: list[StopKind]) -> Any:
     import torch
     from transformers import StoppingCriteria
 
@@ -161,7 +161,7 @@ def _make_stopping(tokenizer: Any, prompt_width: int, batch: int, kinds: list[St
                     continue
                 if kinds[row] == "code":
                     self.tails[row] += tokenizer.decode([token])
-                    if _closes_code_block(self.tails[row]):
+                    if closes_code_block(self.tails[row]):
                         self.lengths[row] = step
                         done[row] = True
             return done
@@ -169,7 +169,7 @@ def _make_stopping(tokenizer: Any, prompt_width: int, batch: int, kinds: list[St
     return CodeBlockStop()
 
 
-def _closes_code_block(text: str) -> bool:
+def closes_code_block(text: str) -> bool:
     opening = text.find(FENCE)
     if opening < 0:
         return False
@@ -177,7 +177,7 @@ def _closes_code_block(text: str) -> bool:
     return body_start >= 0 and text.find(FENCE, body_start) >= 0
 
 
-def _cut_after_code_block(text: str) -> str:
+def cut_after_code_block(text: str) -> str:
     opening = text.find(FENCE)
     if opening < 0:
         return text
@@ -348,7 +348,9 @@ class PolicyEngine:
             [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in chunk],
             device=self.model.device,
         )
-        stopper = _make_stopping(self.tokenizer, width, len(chunk), [settings.stop] * len(chunk))
+        stopper = code_block_stopper(
+            self.tokenizer, width, len(chunk), [settings.stop] * len(chunk)
+        )
         sampling: dict[str, Any] = {"do_sample": False}
         if settings.temperature > 0:
             sampling = {
@@ -373,7 +375,7 @@ class PolicyEngine:
             count = stopper.lengths[row] or len(tokens)
             text = self.tokenizer.decode(tokens[:count], skip_special_tokens=True)
             if settings.stop == "code":
-                text = _cut_after_code_block(text)
+                text = cut_after_code_block(text)
             results.append((text, count))
         self.stats.calls += 1
         self.stats.sequences += len(chunk)

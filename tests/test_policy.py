@@ -1,0 +1,166 @@
+"""PolicyEngine on the tiny random Llama (real SmolLM2 tokenizer): loading rules, batched
+generation order and token accounting, the code-block stop, prompts, extraction, critique."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codeq.config import PolicyConfig
+from codeq.errors import ConfigError, ModelLoadError
+from codeq.policy import GenerationRequest, PolicyEngine, resolve_dtype, resolve_quantization
+from codeq.policy.critique import parse_score, q_ai_from
+from codeq.policy.engine import closes_code_block, code_block_stopper, cut_after_code_block
+from codeq.policy.prompts import extract_program, is_valid_rewrite
+from codeq.schemas import ChatMessage
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir) -> PolicyEngine:
+    config = PolicyConfig(model=str(tiny_model_dir), dtype="float32", batch_size=4)
+    return PolicyEngine.load(config, seed=0)
+
+
+def chat(text: str) -> list[ChatMessage]:
+    return [ChatMessage(role="user", content=text)]
+
+
+def test_load_sets_left_padding_cpu_and_dtype(tiny_engine):
+    assert tiny_engine.device == "cpu" and tiny_engine.quantization == "none"
+    assert tiny_engine.tokenizer.padding_side == "left"
+    assert tiny_engine.tokenizer.pad_token_id is not None
+    assert tiny_engine.dtype == torch.float32
+
+
+def test_batched_greedy_generation_matches_one_by_one_and_counts_tokens(tiny_engine):
+    prompts = ["Fix this.", "A much longer prompt about a buggy program that needs fixing.", "x"]
+    requests = [
+        GenerationRequest(chat(p), n=1, temperature=0.0, max_new_tokens=12) for p in prompts
+    ]
+    batched = tiny_engine.generate(requests)
+    single = [tiny_engine.generate([r])[0] for r in requests]
+    assert [r.texts for r in batched] == [r.texts for r in single]
+    for result, prompt in zip(batched, prompts, strict=True):
+        assert result.prompt_tokens == len(tiny_engine.encode_chat(chat(prompt)))
+        assert len(result.completion_tokens) == 1 and 1 <= result.completion_tokens[0] <= 12
+
+
+def test_several_samples_per_prompt_across_chunks_keep_request_order(tiny_engine):
+    requests = [
+        GenerationRequest(chat(f"prompt {i}"), n=n, temperature=0.8, max_new_tokens=6)
+        for i, n in enumerate([3, 1, 2])
+    ]
+    before = tiny_engine.stats.calls
+    results = tiny_engine.generate(requests, seed=1)
+    assert [len(r.texts) for r in results] == [3, 1, 2]
+    assert tiny_engine.stats.calls - before == 2  # 6 sequences in chunks of batch_size 4
+    again = tiny_engine.generate(requests, seed=1)
+    assert [r.texts for r in again] == [r.texts for r in results]  # seeded: reproducible
+
+
+def test_prompts_are_cut_from_the_top(tiny_model_dir):
+    config = PolicyConfig(model=str(tiny_model_dir), dtype="float32", max_prompt_tokens=64)
+    engine = PolicyEngine.load(config)
+    ids = engine.encode_chat(chat("word " * 500))
+    assert len(ids) == 64
+    assert engine.tokenizer.decode(ids).endswith("assistant\n")
+
+
+def test_code_block_stopper_stops_each_sequence_at_its_closing_fence(tiny_engine):
+    tok = tiny_engine.tokenizer
+    texts = ["```python\nx = 1\n```", "no code here, just words and more words"]
+    rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(len(r) for r in rows)
+    rows = [r + [tok.encode(" a", add_special_tokens=False)[0]] * (width - len(r)) for r in rows]
+    stopper = code_block_stopper(tok, 0, 2, ["code", "code"])
+    first_done = [None, None]
+    for step in range(1, width + 1):
+        done = stopper(torch.tensor([r[:step] for r in rows]), None).tolist()
+        for i, flag in enumerate(done):
+            if flag and first_done[i] is None:
+                first_done[i] = step
+    assert first_done == [len(tok(texts[0], add_special_tokens=False)["input_ids"]), None]
+    assert stopper.lengths[0] == first_done[0]
+
+
+def test_fence_helpers():
+    assert closes_code_block("Sure:\n```python\nx = 1\n```")
+    assert not closes_code_block("```python\nx = 1\n")
+    assert cut_after_code_block("```\na\n``` trailing words") == "```\na\n```"
+
+
+def test_nf4_on_cpu_is_a_config_error_and_auto_picks_by_device():
+    with pytest.raises(ConfigError, match="CUDA"):
+        resolve_quantization(PolicyConfig(quantization="nf4"), "cpu")
+    assert resolve_quantization(PolicyConfig(), "cpu") == "none"
+    assert resolve_quantization(PolicyConfig(), "cuda") == "nf4"
+    assert resolve_dtype(PolicyConfig(dtype="float32"), "cpu") == torch.float32
+    assert resolve_dtype(PolicyConfig(), "cpu") in (torch.bfloat16, torch.float32)
+
+
+def test_missing_adapter_and_missing_model_are_model_load_errors(tiny_model_dir, tmp_path):
+    with pytest.raises(ModelLoadError, match="adapter"):
+        PolicyEngine.load(PolicyConfig(model=str(tiny_model_dir), adapter=str(tmp_path / "none")))
+    with pytest.raises(ModelLoadError):
+        PolicyEngine.load(PolicyConfig(model=str(tmp_path / "missing.gguf")))
+
+
+def test_lora_adapter_is_applied(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    peft_model = get_peft_model(
+        base, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    )
+    peft_model.save_pretrained(tmp_path / "adapter")
+    plain = PolicyEngine.load(PolicyConfig(model=str(tiny_model_dir), dtype="float32"))
+    adapted = PolicyEngine.load(
+        PolicyConfig(model=str(tiny_model_dir), dtype="float32", adapter=str(tmp_path / "adapter"))
+    )
+    ids = torch.tensor([plain.encode_chat(chat("hello"))])
+    with torch.inference_mode():
+        assert not torch.allclose(plain.model(ids).logits, adapted.model(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("text", "program"),
+    [
+        ("Fixed:\n```python\ndef f():\n    return 1\n```\nDone.", "def f():\n    return 1\n"),
+        ("```python\nold\n```\nBetter:\n```py\nnew = 2\n```", "new = 2\n"),
+        ("```python\nclass A:\n    pass", "class A:\n    pass\n"),  # unterminated last block
+        ("Here you go.\nclass S:\n    x = 1\n", "class S:\n    x = 1\n"),  # no fence
+        ("I don't know.", ""),
+        ("```python\n\n```", ""),
+    ],
+)
+def test_extract_program(text, program):
+    assert extract_program(text) == program
+
+
+def test_unchanged_or_empty_rewrites_are_invalid():
+    assert not is_valid_rewrite("", "x = 1\n")
+    assert not is_valid_rewrite("x = 1\n\n", "x = 1")
+    assert is_valid_rewrite("x = 2\n", "x = 1\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ("Score: 7/10. Looks right.", 0.7),
+        ("score = 0.9", 0.9),
+        ("I'd give it 3 out of 10", 0.3),
+        ("Confidence 80%", 0.8),
+        ("Score: 12/10", 1.0),
+        ("It is correct. 8", 0.8),
+        ("No idea at all.", None),
+    ],
+)
+def test_parse_score(text, score):
+    parsed = parse_score(text)
+    assert parsed == (pytest.approx(score) if score is not None else None)
+
+
+def test_q_ai_averages_parsed_scores_and_is_neutral_without_any():
+    assert q_ai_from(["Score: 2/10", "Score: 4/10"]) == pytest.approx(0.3)
+    assert q_ai_from(["nothing"]) == 0.5
