@@ -42,15 +42,25 @@ class TreeNode:
 
 
 class Node:
-    def __init__(self, val=0, left=None, right=None, next=None, children=None, neighbors=None,
-                 random=None):
+    # LeetCode's several Node shapes (n-ary, graph, next/random pointers, quad tree), told
+    # apart by how the solution constructs them.
+
+    def __init__(self, val=0, *rest, **named):
         self.val = val
-        self.left = left
-        self.right = right
-        self.next = next
-        self.children = children if children is not None else []
-        self.neighbors = neighbors if neighbors is not None else []
-        self.random = random
+        self.left = self.right = self.next = self.random = None
+        self.children = []
+        self.neighbors = []
+        if len(rest) == 5 or (rest and isinstance(rest[0], bool)):
+            names = ("isLeaf", "topLeft", "topRight", "bottomLeft", "bottomRight")
+        elif len(rest) == 1 and isinstance(rest[0], list):
+            names = ("children",)
+            self.neighbors = rest[0]
+        else:
+            names = ("left", "right", "next")
+        for name, value in zip(names, rest):
+            setattr(self, name, value)
+        for name, value in named.items():
+            setattr(self, name, value)
 """
 
 

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 ORACLE_CALL_TIMEOUT_S = 2.0
 MIN_CALL_TIMEOUT_S = 1.0  # per-call limit of a task: 20x its slowest oracle call, at least this
 CANDIDATE_FACTOR = 3  # candidates synthesized per wanted hidden test (the oracle rejects some)
+# Hidden tests kept: at least tasks.hidden_tests_per_task, up to this many times it; more inputs
+# catch more of the subtle bugs (calls cost milliseconds each).
+HIDDEN_KEEP_FACTOR = 2
 BATCH = 32
 T = TypeVar("T")
 
@@ -181,7 +184,7 @@ def run_oracles(
         if len(hidden) < wanted:
             drops["too_few_hidden_tests"] += len(group.drafts)
             continue
-        group.hidden = hidden[:wanted]
+        group.hidden = hidden[: wanted * HIDDEN_KEEP_FACTOR]
         slowest = max(call.seconds for call in result.calls if call is not None)
         group.call_timeout_s = round(
             min(config.tasks.oracle_timeout_s, max(MIN_CALL_TIMEOUT_S, 20 * slowest)), 3

@@ -72,6 +72,28 @@ def _linked_to_list(head):
     return values
 
 
+def _quad_to_list(root):
+    """LeetCode's quad-tree form: level order of [isLeaf, val], null for absent children."""
+    values = []
+    queue = deque([root])
+    while queue:
+        node = queue.popleft()
+        if len(values) > MAX_NODES:
+            raise ValueError("quad tree too large or cyclic")
+        if node is None:
+            values.append(None)
+            continue
+        values.append([int(bool(node.isLeaf)), int(bool(node.val))])
+        queue.extend([node.topLeft, node.topRight, node.bottomLeft, node.bottomRight])
+    while values and values[-1] is None:
+        values.pop()
+    return values
+
+
+def _is_quad(value):
+    return hasattr(value, "isLeaf") and hasattr(value, "topLeft")
+
+
 def _is_tree(value):
     return hasattr(value, "val") and hasattr(value, "left") and hasattr(value, "right")
 
@@ -87,6 +109,8 @@ def _jsonable(value):
         if math.isnan(value) or math.isinf(value):
             return repr(value)
         return value
+    if _is_quad(value):
+        return _quad_to_list(value)
     if _is_tree(value):
         return _tree_to_list(value)
     if _is_linked(value):

@@ -70,6 +70,8 @@ def outputs_match(actual: Any, expected: Any, check: dict[str, Any]) -> bool:
     tolerance = float(check.get("float_tolerance", DEFAULT_FLOAT_TOLERANCE))
     if values_equal(actual, expected, tolerance):
         return True
+    if actual is None and expected == []:
+        return True  # LeetCode's judge prints a None list result as []
     if check.get("unordered") and isinstance(actual, list) and isinstance(expected, list):
         for deep in (False, True):
             if values_equal(

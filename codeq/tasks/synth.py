@@ -197,27 +197,38 @@ class Mutator:
                     ties.setdefault(index, ("at_most", other))
         return ties
 
-    def _leaf_caps(self) -> dict[int, tuple[int, int]]:
-        """list argument -> (int argument, offset): every int inside the list stays below
-        (offset 1) or at most (offset 0) that argument, e.g. node ids in `edges` below `n`."""
-        caps: dict[int, tuple[int, int]] = {}
+    def _reference(self, values: list[Any], other: int) -> int | None:
+        value = values[other]
+        if isinstance(value, list | str):
+            return len(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return None
+
+    def _leaf_caps(self) -> dict[tuple[int, int | None], tuple[int, int]]:
+        """(list argument, column or None) -> (argument, offset): every int there stays below
+        (offset 1) or at most (offset 0) another argument's value or length, in every example,
+        e.g. node ids in `edges` below `n`, or `edges[i] < edges.length`."""
+        caps: dict[tuple[int, int | None], tuple[int, int]] = {}
         examples = self.function_examples
         for index in range(len(self.names)):
             if not all(isinstance(e.values[index], list) for e in examples):
                 continue
-            for other in range(len(self.names)):
-                values = [e.values[other] for e in examples]
-                if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            for column in _columns(examples, index):
+                maxima = [_max_int_leaf(_column(e.values[index], column)) for e in examples]
+                if all(m is None for m in maxima):
                     continue
-                maxima = [_max_int_leaf(e.values[index]) for e in examples]
-                if any(m is None for m in maxima) or all(m is None for m in maxima):
-                    continue
-                if all(m < v for m, v in zip(maxima, values, strict=True)):  # type: ignore[operator]
-                    caps[index] = (other, 1)
-                    break
-                if all(m <= v for m, v in zip(maxima, values, strict=True)):  # type: ignore[operator]
-                    caps[index] = (other, 0)
-                    break
+                for other in range(len(self.names)):
+                    refs = [self._reference(e.values, other) for e in examples]
+                    if any(r is None for r in refs):
+                        continue
+                    pairs = [(m, r) for m, r in zip(maxima, refs, strict=True) if m is not None]
+                    if all(m < r for m, r in pairs):  # type: ignore[operator]
+                        caps[(index, column)] = (other, 1)
+                        break
+                    if all(m <= r for m, r in pairs):  # type: ignore[operator]
+                        caps[(index, column)] = (other, 0)
+                        break
         return caps
 
     # scalar mutations ----------------------------------------------------------------------
@@ -384,8 +395,10 @@ class Mutator:
             elif self.rng.random() < 0.7:
                 low = 1 if min(self.profiles[self.names[index]].ints or [0]) >= 1 else 0
                 values[index] = self.rng.randint(min(low, size), size) if size >= low else size
-        for index, (other, offset) in self.leaf_caps.items():
-            values[index] = _cap_leaves(values[index], values[other] - offset)
+        for (index, column), (other, offset) in self.leaf_caps.items():
+            reference = self._reference(values, other)
+            if reference is not None:
+                values[index] = _cap_column(values[index], column, reference - offset)
         return FunctionExample(names=list(example.names), values=values, output=None)
 
     def mutate_design(self, example: DesignExample) -> DesignExample:
@@ -445,6 +458,36 @@ def _cap_leaves(value: Any, cap: int) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         return min(value, cap)
     return value
+
+
+def _columns(examples: list[FunctionExample], index: int) -> list[int | None]:
+    """Columns of a list of equal-width rows (bookings [first, last, seats]); else [None]."""
+    widths = {
+        len(row) if isinstance(row, list) else -1 for e in examples for row in e.values[index]
+    }
+    if len(widths) == 1 and (width := widths.pop()) > 0:
+        return list(range(width))
+    return [None]
+
+
+def _column(value: list[Any], column: int | None) -> Any:
+    if column is None:
+        return value
+    return [row[column] for row in value if isinstance(row, list) and len(row) > column]
+
+
+def _cap_column(value: Any, column: int | None, cap: int) -> Any:
+    if column is None or not isinstance(value, list):
+        return _cap_leaves(value, cap)
+    return [
+        [
+            _cap_leaves(leaf, cap) if position == column else leaf
+            for position, leaf in enumerate(row)
+        ]
+        if isinstance(row, list)
+        else row
+        for row in value
+    ]
 
 
 def _input_key(example: ParsedExample) -> str:

@@ -1,0 +1,152 @@
+"""`codeq prepare`: usable tasks only, hidden tests from the oracle, split by problem slug."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from codeq import cli
+from codeq.config import load_config
+from codeq.schemas import Task, read_jsonl
+from codeq.tasks import score_programs, split_by_slug
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[object]:
+    from codeq.sandbox import Sandbox
+
+    with Sandbox(load_config().sandbox) as running:
+        yield running
+
+
+def _prepare(source: str, out: Path, *extra: str) -> dict:
+    assert cli.run(["prepare", "--source", source, "--out", str(out), *extra]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def _check_usable(tasks: list[Task], sandbox, hidden_per_task: int = 5) -> None:
+    """The definition of usable: oracle passes every test, buggy code fails at least one."""
+    for task in tasks:
+        assert len(task.hidden_tests) >= hidden_per_task
+        assert all(test.origin == "generated" for test in task.hidden_tests)
+        assert len(task.visible_tests) == len(task.examples)
+        visible_inputs = {json.dumps(t.call, sort_keys=True) for t in task.visible_tests}
+        assert not visible_inputs & {json.dumps(t.call, sort_keys=True) for t in task.hidden_tests}
+    oracle = score_programs([(task, task.oracle_code) for task in tasks], "all", sandbox)
+    buggy = score_programs([(task, task.buggy_code) for task in tasks], "all", sandbox)
+    assert all(v.passed for v in oracle), [
+        t.slug for t, v in zip(tasks, oracle, strict=True) if not v.passed
+    ]
+    assert not any(v.passed for v in buggy)
+
+
+def _train_test(out: Path) -> tuple[list[Task], list[Task]]:
+    return read_jsonl(out / "train.jsonl", Task), read_jsonl(out / "test.jsonl", Task)
+
+
+def test_builtin_prepare_is_usable_split_and_deterministic(tmp_path: Path, sandbox) -> None:
+    report = _prepare("builtin", tmp_path / "a")
+    train, test = _train_test(tmp_path / "a")
+    assert report["usable"] == len(train) + len(test) == report["unique"] - report["dropped"]
+    assert report["usable"] >= 14
+    assert test and train
+    assert not {t.slug for t in train} & {t.slug for t in test}
+    assert report["test"]["slugs"] == sorted({t.slug for t in test})
+    assert set(report["by_category"]) == {"syntax", "reference", "logic", "multiple"}
+    assert sum(report["by_level"].values()) == report["usable"]
+    _check_usable(train + test, sandbox)
+    _prepare("builtin", tmp_path / "b")
+    assert (tmp_path / "a" / "train.jsonl").read_text() == (
+        tmp_path / "b" / "train.jsonl"
+    ).read_text()
+    assert (tmp_path / "a" / "test.jsonl").read_text() == (
+        tmp_path / "b" / "test.jsonl"
+    ).read_text()
+
+
+def _fake_tasks(n_slugs: int, per_slug: int = 3) -> list[Task]:
+    base = read_jsonl_builtin_one()
+    return [
+        base.model_copy(update={"slug": f"slug-{s}", "task_id": f"{s:08d}{i:08d}"})
+        for s in range(n_slugs)
+        for i in range(per_slug)
+    ]
+
+
+_ONE: list[Task] = []
+
+
+def read_jsonl_builtin_one() -> Task:
+    if not _ONE:
+        _ONE.append(
+            Task(
+                task_id="0" * 16,
+                slug="x",
+                level="easy",
+                category="logic",
+                subtype="other error",
+                description="",
+                examples=[],
+                buggy_code="",
+                oracle_code="",
+                visible_tests=[],
+                hidden_tests=[],
+            )
+        )
+    return _ONE[0]
+
+
+@pytest.mark.parametrize(("n_slugs", "fraction"), [(2, 0.15), (13, 0.15), (100, 0.15), (100, 0.5)])
+def test_split_by_slug_has_no_overlap_and_a_test_side(n_slugs: int, fraction: float) -> None:
+    tasks = _fake_tasks(n_slugs)
+    train, test = split_by_slug(tasks, seed=42, test_fraction=fraction)
+    train_slugs, test_slugs = {t.slug for t in train}, {t.slug for t in test}
+    assert not train_slugs & test_slugs
+    assert train_slugs | test_slugs == {t.slug for t in tasks}
+    assert len(test_slugs) == max(1, round(fraction * n_slugs))
+    assert split_by_slug(tasks, seed=42, test_fraction=fraction) == (train, test)
+    if n_slugs >= 13:
+        other = split_by_slug(tasks, seed=7, test_fraction=fraction)[1]
+        assert {t.slug for t in other} != test_slugs
+
+
+def test_prepare_bad_source_exits_2(tmp_path: Path, capsys) -> None:
+    assert (
+        cli.run(["prepare", "--source", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    )
+    assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "train.jsonl").exists()
+
+
+def _sample_clone(debugbench_dir: Path, root: Path, keep_one_in: int, seed: int) -> Path:
+    """A clone holding a seeded sample of the local items (never committed)."""
+    rng = random.Random(seed)
+    benchmark = root / "benchmark"
+    benchmark.mkdir(parents=True)
+    for path in sorted(debugbench_dir.glob("python3_*.json")):
+        items = json.loads(path.read_text())
+        kept = [item for item in items if rng.randrange(keep_one_in) == 0]
+        (benchmark / path.name).write_text(json.dumps(kept))
+    return root
+
+
+@pytest.mark.slow
+def test_debugbench_sample_is_mostly_usable(debugbench_dir: Path, tmp_path: Path, sandbox) -> None:
+    clone = _sample_clone(debugbench_dir, tmp_path / "clone", keep_one_in=6, seed=3)
+    out = tmp_path / "tasks"
+    report = _prepare(str(clone), out, "--seed", "5", "--test-fraction", "0.2")
+    train, test = _train_test(out)
+    assert report["usable_fraction"] >= 0.85, report["dropped_by_reason"]
+    assert report["dropped"] == sum(report["dropped_by_reason"].values())
+    assert report["unique"] == report["usable"] + report["dropped"]
+    assert not {t.slug for t in train} & {t.slug for t in test}
+    per_category = defaultdict(int)
+    for task in train + test:
+        per_category[task.category] += 1
+    assert per_category == report["by_category"]
+    _check_usable(train + test, sandbox)
