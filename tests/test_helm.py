@@ -24,7 +24,9 @@ jsonschema = pytest.importorskip("jsonschema")
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "codeq"
-SCENARIOS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
+SCENARIOS = sorted(
+    p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml")
+)
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 SANDBOX_STAGES = {"prepare", "collect", "evaluate"}
 KUBE_VERSION = "1.37.0"
@@ -45,7 +47,9 @@ ARGO_SAMPLE = {
 
 
 def argo_schema_path() -> Path:
-    return Path(os.environ.get("CODEQ_ARGO_SCHEMA", REPO.parent / "shared" / "argo" / "schema.json"))
+    return Path(
+        os.environ.get("CODEQ_ARGO_SCHEMA", REPO.parent / "shared" / "argo" / "schema.json")
+    )
 
 
 def scenario_values(scenario: str) -> dict[str, Any]:
@@ -96,7 +100,9 @@ def stage_jobs(scenario: str, extra: str = "", table: dict[str, str] | None = No
     for template in wt["spec"]["templates"]:
         resource = template.get("resource")
         if resource and resource["action"] == "create":
-            jobs[template["name"]] = yaml.safe_load(substitute(resource["manifest"], table or ARGO_SAMPLE))
+            jobs[template["name"]] = yaml.safe_load(
+                substitute(resource["manifest"], table or ARGO_SAMPLE)
+            )
     return jobs
 
 
@@ -271,7 +277,11 @@ def test_collect_is_an_indexed_job_with_per_index_retries(scenario):
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
     assert rules[1]["action"] == "FailIndex"
-    assert rules[1]["onExitCodes"] == {"containerName": "collect", "operator": "In", "values": [2, 3]}
+    assert rules[1]["onExitCodes"] == {
+        "containerName": "collect",
+        "operator": "In",
+        "values": [2, 3],
+    }
     env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
     assert env["JOB_COMPLETION_COUNT"] == str(shards)
     if values["stages"]["collect"]["maxFailedIndexes"] is not None:
@@ -304,7 +314,7 @@ def test_every_job_has_pool_gpus_deadlines_and_restricted_security(scenario):
         assert pod["automountServiceAccountToken"] is False
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        assert pod["template" if False else "serviceAccountName"].endswith("-jobs")
+        assert pod["serviceAccountName"].endswith("-jobs")
         sc = container["securityContext"]
         assert sc["runAsNonRoot"] is True and sc["runAsUser"] >= 10000
         assert sc["readOnlyRootFilesystem"] is True
@@ -346,15 +356,20 @@ def test_pools_and_gpus_differ_per_stage_in_production_values():
         for s, j in jobs.items()
     }
     assert gpus["collect"] == gpus["train"] == gpus["evaluate"] == 1
-    assert stage_jobs("irsa")["train"]["spec"]["template"]["spec"]["containers"][0]["resources"][
-        "limits"
-    ]["nvidia.com/gpu"] == 8
+    assert (
+        stage_jobs("irsa")["train"]["spec"]["template"]["spec"]["containers"][0]["resources"][
+            "limits"
+        ]["nvidia.com/gpu"]
+        == 8
+    )
 
 
 def test_identity_mode_annotates_the_service_account_and_creates_no_secret():
     objs = objects("irsa")
     assert not [o for o in objs if o["kind"] == "Secret"]
-    (sa,) = [o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-jobs")]
+    (sa,) = [
+        o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-jobs")
+    ]
     assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
     assert sa["automountServiceAccountToken"] is False
 
@@ -370,7 +385,9 @@ def test_network_policy_denies_by_default_and_allows_dns_and_s3():
     job_labels = stage_jobs("default")["collect"]["spec"]["template"]["metadata"]["labels"]
     assert spec["podSelector"]["matchLabels"].items() <= job_labels.items()
     (kind_policy,) = [o for o in objects("kind") if o["kind"] == "NetworkPolicy"]
-    assert kind_policy["spec"]["egress"][1]["to"][0]["podSelector"] == {"matchLabels": {"app": "minio"}}
+    assert kind_policy["spec"]["egress"][1]["to"][0]["podSelector"] == {
+        "matchLabels": {"app": "minio"}
+    }
 
 
 def test_workflow_rbac_is_namespaced_and_minimal():
@@ -415,7 +432,9 @@ def test_values_yaml_documents_every_value():
             comments.append(lines[j].strip())
             j -= 1
         documented = any(c.startswith("# --") for c in comments)
-        following = next((ln for ln in lines[i + 1 :] if ln.strip() and not ln.strip().startswith("#")), "")
+        following = next(
+            (ln for ln in lines[i + 1 :] if ln.strip() and not ln.strip().startswith("#")), ""
+        )
         child_indent = len(following) - len(following.lstrip())
         is_section = (
             match.group(3).strip() == ""
@@ -446,8 +465,17 @@ def find_tool(name: str) -> str:
 def run_checkov(directory: Path, framework: str) -> dict[str, Any]:
     checkov = find_tool("checkov")
     result = subprocess.run(
-        [checkov, "-d", str(directory), "--framework", framework, "-o", "json",
-         "--compact", "--skip-download"],
+        [
+            checkov,
+            "-d",
+            str(directory),
+            "--framework",
+            framework,
+            "-o",
+            "json",
+            "--compact",
+            "--skip-download",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -465,7 +493,8 @@ def run_checkov(directory: Path, framework: str) -> dict[str, Any]:
         summary["failed"] += rep["summary"]["failed"]
         summary["skipped"] += rep["summary"]["skipped"]
         summary["failed_checks"] += [
-            f"{c['check_id']} {c['resource']} {c['file_path']}" for c in rep["results"].get("failed_checks", [])
+            f"{c['check_id']} {c['resource']} {c['file_path']}"
+            for c in rep["results"].get("failed_checks", [])
         ]
         summary["skipped_checks"] += rep["results"].get("skipped_checks", [])
     return summary

@@ -16,7 +16,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILES = [REPO / "Dockerfile.infer", REPO / "Dockerfile.train"]
-LOCKS = {"cuda": REPO / "images" / "requirements-cuda.lock", "cpu": REPO / "images" / "requirements-cpu.lock"}
+LOCKS = {
+    "cuda": REPO / "images" / "requirements-cuda.lock",
+    "cpu": REPO / "images" / "requirements-cpu.lock",
+}
 
 
 def find_tool(name: str) -> str:
@@ -63,8 +66,17 @@ def test_checkov_passes_on_both_dockerfiles(tmp_path):
     for dockerfile in DOCKERFILES:
         shutil.copy(dockerfile, tmp_path / dockerfile.name)
     result = subprocess.run(
-        [checkov, "-d", str(tmp_path), "--framework", "dockerfile", "-o", "json", "--compact",
-         "--skip-download"],
+        [
+            checkov,
+            "-d",
+            str(tmp_path),
+            "--framework",
+            "dockerfile",
+            "-o",
+            "json",
+            "--compact",
+            "--skip-download",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -72,7 +84,9 @@ def test_checkov_passes_on_both_dockerfiles(tmp_path):
     )
     report = json.loads(result.stdout)
     summary = report["summary"]
-    failed = [f"{c['check_id']} {c['file_path']}" for c in report["results"].get("failed_checks", [])]
+    failed = [
+        f"{c['check_id']} {c['file_path']}" for c in report["results"].get("failed_checks", [])
+    ]
     assert summary["failed"] == 0, failed
     assert summary["skipped"] == 0
     assert summary["passed"] >= 40
@@ -93,15 +107,17 @@ def test_locks_are_hashed_and_cover_pyproject_dependencies():
         for line in (REPO / "images" / "requirements.in").read_text().splitlines()
         if line and not line.startswith("#")
     ]
-    assert declared == pyproject["project"]["dependencies"], "regenerate images/*.lock (images/README.md)"
+    assert declared == pyproject["project"]["dependencies"], (
+        "regenerate images/*.lock (images/README.md)"
+    )
     for variant, path in LOCKS.items():
         pins = locked(path)
         assert set(wanted) <= set(pins), (variant, set(wanted) - set(pins))
         text = path.read_text()
         requirement_lines = re.findall(r"^[A-Za-z0-9_.-]+==", text, flags=re.M)
-        assert len(re.findall(r"^[A-Za-z0-9_.-]+==\S+ \\\n    --hash=sha256:", text, flags=re.M)) == len(
-            requirement_lines
-        ), f"every requirement in {path.name} carries a sha256 hash"
+        assert len(
+            re.findall(r"^[A-Za-z0-9_.-]+==\S+ \\\n    --hash=sha256:", text, flags=re.M)
+        ) == len(requirement_lines), f"every requirement in {path.name} carries a sha256 hash"
     assert not locked(LOCKS["cuda"])["torch"].endswith("+cpu")
     assert any(name.startswith("nvidia-") for name in locked(LOCKS["cuda"]))
     assert locked(LOCKS["cpu"])["torch"].endswith("+cpu")
@@ -148,7 +164,11 @@ def test_dockerignore_sends_only_what_the_images_copy():
 
 
 def test_entrypoint_execs_the_stage_command(tmp_path):
-    env = {"PATH": os.environ["PATH"], "CODEQ_SCRATCH_DIR": str(tmp_path / "s"), "TMPDIR": str(tmp_path / "t")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "CODEQ_SCRATCH_DIR": str(tmp_path / "s"),
+        "TMPDIR": str(tmp_path / "t"),
+    }
     result = subprocess.run(
         ["sh", str(REPO / "images" / "entrypoint.sh"), "sh", "-c", "echo ran; exit 75"],
         capture_output=True,
