@@ -1,0 +1,145 @@
+"""Batched multi-tree search against one tree at a time, same settings, one run.
+
+Both runs search the same tasks with the same model, K, rollouts, token budgets and sandbox; the
+only difference is `search.parallel_trees` (how many task trees are advanced together, so how
+many sequences share one generate call). Prints completion tokens/s, tasks/hour and the ratio.
+
+    python bench/search.py                      # SmolLM2-135M, 8 builtin tasks, K=2, 2 rollouts
+    python bench/search.py --tasks tasks/train.jsonl --n-tasks 8 --json bench-search.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="policy model (default smollm2)")
+    parser.add_argument("--tasks", help="tasks JSONL; default: the builtin tasks, prepared now")
+    parser.add_argument("--n-tasks", type=int, default=8)
+    parser.add_argument("--k", type=int, default=2, help="rewrites per expansion")
+    parser.add_argument("--rollouts", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--critique-tokens", type=int, default=24)
+    parser.add_argument("--parallel-trees", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the numbers here")
+    return parser.parse_args()
+
+
+def load_tasks(args: argparse.Namespace, config: Any) -> list[Any]:
+    from codeq.schemas import Task, read_jsonl
+
+    if args.tasks:
+        return read_jsonl(args.tasks, Task)[: args.n_tasks]
+    from codeq.tasks import prepare
+
+    out = Path(tempfile.mkdtemp(prefix="bench-search-"))
+    prepare("builtin", out, config, progress=False)
+    tasks = read_jsonl(out / "train.jsonl", Task) + read_jsonl(out / "test.jsonl", Task)
+    return tasks[: args.n_tasks]
+
+
+def measure(
+    label: str, tasks: list[Any], engine: Any, sandbox: Any, config: Any, seed: int
+) -> dict:
+    import torch
+
+    from codeq.search import run_search
+
+    torch.manual_seed(seed)
+    before = engine.stats.calls, engine.stats.sequences
+    started = time.perf_counter()
+    trajectories = run_search(tasks, engine, sandbox, config, mode="mcts")
+    seconds = time.perf_counter() - started
+    calls = engine.stats.calls - before[0]
+    sequences = engine.stats.sequences - before[1]
+    completion = sum(t.completion_tokens for t in trajectories)
+    result = {
+        "label": label,
+        "parallel_trees": config.search.parallel_trees,
+        "tasks": len(trajectories),
+        "seconds": round(seconds, 2),
+        "completion_tokens": completion,
+        "prompt_tokens": sum(t.prompt_tokens for t in trajectories),
+        "tokens_per_s": round(completion / seconds, 2),
+        "tasks_per_hour": round(len(trajectories) / seconds * 3600, 1),
+        "generate_calls": calls,
+        "mean_batch": round(sequences / calls, 2) if calls else 0.0,
+        "solved": sum(t.solved for t in trajectories),
+    }
+    print(
+        f"{label:>22}: {result['tokens_per_s']:8.1f} tok/s  {result['tasks_per_hour']:8.1f} "
+        f"tasks/h  ({completion} tokens, {seconds:.1f}s, mean batch {result['mean_batch']})",
+        flush=True,
+    )
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    from codeq.config import load_config
+    from codeq.policy import PolicyEngine
+    from codeq.sandbox import Sandbox
+
+    overrides = {
+        "policy": {
+            "model": args.model,
+            "max_new_tokens": args.max_new_tokens,
+            "critique_max_new_tokens": args.critique_tokens,
+            "batch_size": max(16, args.parallel_trees * args.k),
+        },
+        "search": {
+            "rewrites_per_expansion": args.k,
+            "rollouts": args.rollouts,
+            "stop_on_pass": False,  # identical work per task in both runs
+            "parallel_trees": args.parallel_trees,
+        },
+    }
+    config = load_config(None, overrides)
+    tasks = load_tasks(args, config)
+    engine = PolicyEngine.load(config.policy, seed=args.seed)
+    print(
+        f"search bench: {args.model} on {engine.device} ({engine.dtype}), {len(tasks)} tasks, "
+        f"K={args.k}, rollouts={args.rollouts}, max_new_tokens={args.max_new_tokens}",
+        flush=True,
+    )
+    one_tree = load_config(
+        None, {**overrides, "search": {**overrides["search"], "parallel_trees": 1}}
+    )
+    with Sandbox(config.sandbox) as sandbox:
+        measure("warm-up", tasks[:1], engine, sandbox, one_tree, args.seed)
+        batched = measure(
+            f"{args.parallel_trees} trees together", tasks, engine, sandbox, config, args.seed
+        )
+        single = measure("one tree at a time", tasks, engine, sandbox, one_tree, args.seed)
+    ratio = batched["tokens_per_s"] / single["tokens_per_s"]
+    task_ratio = batched["tasks_per_hour"] / single["tasks_per_hour"]
+    print(f"ratio (batched / one tree at a time): {ratio:.2f}x tokens/s, {task_ratio:.2f}x tasks/h")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "batched": batched,
+                    "single": single,
+                    "ratio_tokens_per_s": ratio,
+                    "ratio_tasks_per_hour": task_ratio,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
