@@ -1,0 +1,587 @@
+"""The trusted fork server that runs inside each warm sandbox (gVisor or the restricted host
+subprocess). Standard library only: it runs as `python3 -S -I server.py CONFIG_JSON`.
+
+Protocol on stdin/stdout, every frame a 4-byte big-endian length then the body:
+  server -> host  hello: JSON {"hello": {...capabilities}}
+  host -> server  request: JSON {"secret", "program", "prelude", "runner", "calls",
+                  "call_timeout_s", "wall_timeout_s"}
+  server -> host  reply: JSON result followed by a 32-byte HMAC-SHA256 of that JSON keyed
+                  with the request's secret.
+
+Per request a clean child is forked *before* the request (and so its secret) is read. The
+child closes every inherited descriptor but its pipes, chroots into a jail holding only the
+Python standard library, sets rlimits, drops to an unprivileged uid, and only then receives the
+program. The server enforces the wall and per-call limits, kills every process of that uid
+afterwards, wipes the run directory and reports the child's raw results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import hmac
+import json
+import os
+import random
+import resource
+import select
+import shutil
+import signal
+import struct
+import sys
+import time
+import traceback
+
+# Imported here so programs that use them work inside the jail without the files being read
+# again (the jail exposes the stdlib read-only, but preloading also makes each run faster).
+PRELOADED = [
+    "abc",
+    "array",
+    "bisect",
+    "builtins",
+    "collections",
+    "collections.abc",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "io",
+    "itertools",
+    "keyword",
+    "math",
+    "numbers",
+    "operator",
+    "queue",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "struct",
+    "sys",
+    "textwrap",
+    "threading",
+    "time",
+    "types",
+    "typing",
+    "unicodedata",
+    "json",
+    "cmath",
+    "contextlib",
+    "graphlib",
+    "pprint",
+    "reprlib",
+    "weakref",
+]
+for _name in PRELOADED:
+    with contextlib.suppress(ImportError):
+        __import__(_name)
+
+import builtins  # noqa: E402
+
+MAX_FRAME = 256 * 1024 * 1024
+ERROR_CHARS = 2000
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# ---------------------------------------------------------------- framing
+
+
+def read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_frame(fd: int) -> bytes:
+    (size,) = struct.unpack(">I", read_exact(fd, 4))
+    if size > MAX_FRAME:
+        raise ValueError("frame too large")
+    return read_exact(fd, size)
+
+
+def write_frame(fd: int, body: bytes) -> None:
+    write_all(fd, struct.pack(">I", len(body)) + body)
+
+
+# ---------------------------------------------------------------- set-up (server, once)
+
+
+def try_unshare_network_and_mounts() -> dict:
+    """Host subprocess backend: a private network and mount namespace where the kernel lets us.
+    Under gVisor the sandbox already has no network; unsharing there is harmless."""
+    caps = {"netns": False, "mountns": False}
+    if _libc.unshare(CLONE_NEWNET) == 0:
+        caps["netns"] = True
+    if _libc.unshare(CLONE_NEWNS) == 0:
+        caps["mountns"] = _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
+    return caps
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None):
+    encoded = [None if part is None else part.encode() for part in (source, target, fstype, data)]
+    if _libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
+
+
+def stdlib_dirs() -> list[str]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found = {os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib")}
+    found.update(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
+    for lib in ("/lib", "/lib64", "/usr/lib", "/usr/lib64"):
+        if os.path.isdir(lib) and not os.path.islink(lib):
+            found.add(lib)
+    # A directory inside another one is already visible through the outer bind mount.
+    return [d for d in sorted(found) if not any(d.startswith(o + "/") for o in found)]
+
+
+def build_jail(jail: str, tmpfs_bytes: int) -> bool:
+    """A tmpfs root with the stdlib and system libraries bind-mounted read-only: the program
+    sees no host files (datasets, expected outputs, the harness's own source)."""
+    try:
+        os.makedirs(jail, exist_ok=True)
+        mount("tmpfs", jail, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=755")
+        for directory in stdlib_dirs():
+            target = jail + directory
+            os.makedirs(target, exist_ok=True)
+            mount(directory, target, None, MS_BIND, None)
+            # Read-only where the kernel allows the remount (gVisor refuses; the uid drop covers).
+            with contextlib.suppress(OSError):
+                mount(None, target, None, MS_BIND | MS_RDONLY | MS_REMOUNT, None)
+        os.makedirs(jail + "/runs", mode=0o711, exist_ok=True)
+        return True
+    except OSError:
+        return False
+
+
+def choose_uid(is_root: bool) -> int | None:
+    if not is_root:
+        return None
+    # A random uid far above normal accounts: its processes are ours alone, so a uid-wide kill
+    # and RLIMIT_NPROC never touch anything else on the host.
+    return random.SystemRandom().randrange(3_000_000, 2_000_000_000)
+
+
+# ---------------------------------------------------------------- child (untrusted side)
+
+
+def describe(exc: BaseException) -> str:
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not break the harness
+        text = type(exc).__name__
+    return text[:ERROR_CHARS]
+
+
+def child_main(request_fd: int, result_fd: int, out_fd: int, err_fd: int, setup: dict) -> None:
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    keep = sorted({0, 1, 2, request_fd, result_fd})
+    close_all_except(keep)
+    run_dir = setup["run_dir"]
+    if setup["jail"]:
+        os.chroot(setup["jail_dir"])
+        run_dir = run_dir[len(setup["jail_dir"]) :]
+    os.chdir(run_dir)
+    limits = setup["limits"]
+    memory = limits["memory_mb"] * 1024 * 1024
+    set_limit(resource.RLIMIT_AS, memory)
+    set_limit(resource.RLIMIT_DATA, memory)
+    set_limit(resource.RLIMIT_CPU, limits["cpu_time_s"])
+    set_limit(resource.RLIMIT_FSIZE, limits["max_file_bytes"])
+    set_limit(resource.RLIMIT_NOFILE, 64)
+    set_limit(resource.RLIMIT_CORE, 0)
+    if setup["uid"] is not None:
+        set_limit(resource.RLIMIT_NPROC, limits["max_processes"])
+        os.setgroups([])
+        os.setresgid(setup["uid"], setup["uid"], setup["uid"])
+        os.setresuid(setup["uid"], setup["uid"], setup["uid"])
+    else:
+        set_limit(resource.RLIMIT_NPROC, limits["max_processes"])
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    os.environ.clear()
+    os.environ.update({"HOME": "/", "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin"})
+    request = json.loads(read_frame(request_fd))
+    os.close(request_fd)
+    try:
+        run_harness(request, result_fd)
+    finally:
+        flush_output()
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        # The program may have replaced or closed them.
+        with contextlib.suppress(BaseException):
+            stream.flush()  # type: ignore[union-attr]
+
+
+def close_all_except(keep: list[int]) -> None:
+    low = 0
+    for fd in keep:
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+
+
+def set_limit(which: int, value: int) -> None:
+    try:
+        resource.setrlimit(which, (value, value))
+    except (ValueError, OSError):
+        soft, hard = resource.getrlimit(which)
+        if hard == resource.RLIM_INFINITY or value < hard:
+            resource.setrlimit(which, (min(value, hard) if hard >= 0 else value, hard))
+
+
+def run_harness(request: dict, result_fd: int) -> None:
+    send = make_sender(result_fd)
+    runner_ns: dict = {"__name__": "codeq_runner", "__builtins__": builtins}
+    try:
+        exec(compile(request["runner"], "<runner>", "exec"), runner_ns)
+        run_call = runner_ns["run_call"]
+    except BaseException as exc:  # noqa: BLE001
+        send({"load": "runner_error", "error": describe(exc)})
+        return
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        exec(compile(request["prelude"], "<prelude>", "exec"), namespace)
+    except BaseException as exc:  # noqa: BLE001
+        send({"load": "prelude_error", "error": describe(exc)})
+        return
+    try:
+        code = compile(request["program"], "<program>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        send({"load": "syntax_error", "error": describe(exc)})
+        return
+    try:
+        exec(code, namespace)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, MemoryError ... are load errors
+        send({"load": "load_error", "error": describe(exc)})
+        return
+    send({"load": "ok"})
+    for index, call in enumerate(request["calls"]):
+        started = time.perf_counter()
+        try:
+            value = run_call(namespace, call)
+            encoded = json.dumps(value)
+            message = {"i": index, "ok": True, "value": encoded, "error": None}
+        except BaseException as exc:  # noqa: BLE001
+            message = {"i": index, "ok": False, "value": None, "error": describe(exc)}
+        message["seconds"] = time.perf_counter() - started
+        send(message)
+
+
+def make_sender(result_fd: int):
+    # Bound now so a program that patches json/os later cannot change how results are framed.
+    dumps, write, pack = json.dumps, os.write, struct.pack
+
+    def send(message: dict) -> None:
+        body = dumps(message).encode()
+        data = memoryview(pack(">I", len(body)) + body)
+        while data:
+            data = data[write(result_fd, data) :]
+
+    return send
+
+
+# ---------------------------------------------------------------- server loop (trusted side)
+
+
+class Child:
+    """A pre-forked child waiting for its request, with the pipes the server reads."""
+
+    def __init__(self, setup: dict) -> None:
+        request_r, self.request_w = os.pipe()
+        self.result_r, result_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.run_dir = setup["run_dir"]
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child_main(request_r, result_w, out_w, err_w, setup)
+            except BaseException:  # noqa: BLE001
+                try:
+                    traceback.print_exc()
+                finally:
+                    os._exit(70)
+            os._exit(0)
+        self.pid = pid
+        for fd in (request_r, result_w, out_w, err_w):
+            os.close(fd)
+
+
+def prepare_run_dir(setup: dict, counter: int) -> str:
+    base = setup["jail_dir"] + "/runs" if setup["jail"] else setup["scratch"]
+    run_dir = os.path.join(base, f"run-{counter}")
+    os.makedirs(run_dir, mode=0o700)
+    if setup["uid"] is not None:
+        os.chown(run_dir, setup["uid"], setup["uid"])
+    return run_dir
+
+
+def kill_everything(child: Child, uid: int | None) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    if uid is not None:
+        kill_uid(uid)
+    reap()
+
+
+def kill_uid(uid: int) -> None:
+    """Kill every process running as `uid`, including ones that left the process group."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            for _ in range(2000):
+                try:
+                    os.kill(-1, signal.SIGKILL)  # never signals the caller itself
+                except ProcessLookupError:
+                    break
+                # gVisor's kill(-1) reports success even when nothing was left to signal.
+                if not live_processes_of(uid, os.getpid()):
+                    break
+                time.sleep(0.0002)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def live_processes_of(uid: int, me: int) -> list[int]:
+    live = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            live.append(int(name))
+    return live
+
+
+def reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Collector:
+    """Reads the child's result messages and output until it finishes or breaks a limit."""
+
+    def __init__(self, child: Child, request: dict, limits: dict) -> None:
+        self.child = child
+        self.limits = limits
+        self.messages: list[dict] = []
+        self.buffer = b""
+        self.output = {child.out_r: bytearray(), child.err_r: bytearray()}
+        self.output_total = 0
+        self.status: str | None = None
+        self.wall = min(float(request.get("wall_timeout_s") or 1e9), limits["wall_timeout_s"])
+        per_call = request.get("call_timeout_s")
+        self.call_timeout = float(per_call) if per_call else None
+        self.started = time.monotonic()
+        self.last_message = self.started
+        self.garbled: str | None = None
+
+    def deadline(self) -> float:
+        wall_deadline = self.started + self.wall
+        if self.call_timeout is None:
+            return wall_deadline
+        # Loading the program counts as one call: the limit restarts at every result message.
+        return min(wall_deadline, self.last_message + self.call_timeout)
+
+    def collect(self) -> None:
+        open_fds = [self.child.result_r, self.child.out_r, self.child.err_r]
+        while open_fds:
+            remaining = self.deadline() - time.monotonic()
+            if remaining <= 0:
+                self.status = "timeout"
+                return
+            ready, _, _ = select.select(open_fds, [], [], remaining)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    open_fds.remove(fd)
+                elif fd == self.child.result_r:
+                    self.take_results(chunk)
+                    if self.garbled:
+                        return
+                elif not self.take_output(fd, chunk):
+                    self.status = "output_limit"
+                    return
+
+    def take_output(self, fd: int, chunk: bytes) -> bool:
+        cap = self.limits["max_output_bytes"]
+        keep = max(0, cap - self.output_total)
+        self.output[fd] += chunk[:keep]
+        self.output_total += len(chunk)
+        return self.output_total <= cap
+
+    def take_results(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        if len(self.buffer) > self.limits["max_result_bytes"]:
+            self.garbled = "results exceed the size cap"
+            return
+        while len(self.buffer) >= 4:
+            (size,) = struct.unpack(">I", self.buffer[:4])
+            if len(self.buffer) < 4 + size:
+                return
+            body, self.buffer = self.buffer[4 : 4 + size], self.buffer[4 + size :]
+            self.accept(body)
+            self.last_message = time.monotonic()
+
+    def accept(self, body: bytes) -> None:
+        try:
+            message = json.loads(body)
+        except ValueError:
+            self.garbled = "undecodable result message"
+            return
+        if not isinstance(message, dict):
+            self.garbled = "result message is not an object"
+            return
+        expected_index = len(self.messages) - 1
+        if not self.messages:
+            if message.get("load") not in (
+                "ok",
+                "syntax_error",
+                "load_error",
+                "runner_error",
+                "prelude_error",
+            ):
+                self.garbled = "first result message is not a load report"
+                return
+        elif message.get("i") != expected_index or not isinstance(message.get("ok"), bool):
+            self.garbled = "result messages out of order"
+            return
+        self.messages.append(message)
+
+
+def handle(request: dict, child: Child, setup: dict) -> dict:
+    write_frame(child.request_w, json.dumps({k: request[k] for k in CHILD_KEYS}).encode())
+    os.close(child.request_w)
+    collector = Collector(child, request, setup["limits"])
+    collector.collect()
+    exit_status = None
+    if collector.status is None and not collector.garbled:
+        exit_status = wait_briefly(child.pid)
+    kill_everything(child, setup["uid"])
+    if exit_status is None:
+        exit_status = exit_status_or_none(child.pid)
+    for fd in (child.result_r, child.out_r, child.err_r):
+        os.close(fd)
+    shutil.rmtree(child.run_dir, ignore_errors=True)
+    return {
+        "status": collector.status,
+        "garbled": collector.garbled,
+        "messages": collector.messages,
+        "exit": exit_status,
+        "stdout": bytes(collector.output[child.out_r]).decode("utf-8", "replace"),
+        "stderr": bytes(collector.output[child.err_r]).decode("utf-8", "replace"),
+        "seconds": time.monotonic() - collector.started,
+    }
+
+
+CHILD_KEYS = ("program", "prelude", "runner", "calls")
+
+
+def wait_briefly(pid: int) -> int | None:
+    """Raw wait status once the child closed its pipes; None if it lingers (it is killed)."""
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.0005)
+    return None
+
+
+def exit_status_or_none(pid: int) -> int | None:
+    try:
+        done, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return None
+    return status if done else None
+
+
+def serve(config: dict) -> None:
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    is_root = os.geteuid() == 0
+    caps = try_unshare_network_and_mounts() if is_root else {"netns": False, "mountns": False}
+    tmpfs_bytes = max(64 << 20, 4 * config["max_file_bytes"])
+    jail_dir = os.path.join(config["scratch"], "jail")
+    jail = (
+        is_root and (caps["mountns"] or config["in_gvisor"]) and build_jail(jail_dir, tmpfs_bytes)
+    )
+    uid = choose_uid(is_root)
+    setup = {"jail": jail, "jail_dir": jail_dir, "uid": uid, "limits": config}
+    setup["scratch"] = config["scratch"]
+    stdin, stdout = 0, os.dup(1)
+    os.dup2(os.open("/dev/null", os.O_WRONLY), 1)  # stray prints can never reach the host
+    hello = {"jail": jail, "uid_drop": uid is not None, **caps, "pid": os.getpid()}
+    write_frame(stdout, json.dumps({"hello": hello}).encode())
+    counter = 0
+    child = Child({**setup, "run_dir": prepare_run_dir(setup, counter)})
+    while True:
+        try:
+            frame = read_frame(stdin)
+        except EOFError:
+            break
+        request = json.loads(frame)
+        secret = bytes.fromhex(request.pop("secret"))
+        reply = json.dumps(handle(request, child, setup)).encode()
+        write_frame(stdout, reply + hmac.new(secret, reply, hashlib.sha256).digest())
+        del secret, request
+        counter += 1
+        child = Child({**setup, "run_dir": prepare_run_dir(setup, counter)})
+    kill_everything(child, uid)
+    shutil.rmtree(child.run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    serve(json.loads(sys.argv[1]))

@@ -1,0 +1,318 @@
+"""One warm sandbox: a long-lived fork server (under `runsc do` or as a restricted host process)
+that the host talks to over length-prefixed frames. Replies are accepted only with the HMAC of
+the request's fresh secret; anything else is treated as a crash and the worker is restarted."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from codeq.config import SandboxConfig
+from codeq.errors import SandboxError
+from codeq.sandbox.records import CallResult, ExecRequest, ExecResult
+
+SERVER_SOURCE = Path(__file__).with_name("server.py")
+HELLO_TIMEOUT_S = 60.0
+# Host-side backstop above the server's own wall limit (which already kills the program).
+REPLY_MARGIN_S = 15.0
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+MINIMAL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+DIAGNOSTIC_CHARS = 20_000
+
+
+class WorkerCrashed(Exception):
+    """The server died, timed out or sent a frame without the right secret."""
+
+
+class Worker:
+    def __init__(self, config: SandboxConfig, backend: str, runsc: str | None) -> None:
+        self.config = config
+        self.backend = backend
+        self.runsc = runsc
+        self.process: subprocess.Popen[bytes] | None = None
+        self.scratch: str | None = None
+        self.hello: dict[str, Any] = {}
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.scratch = tempfile.mkdtemp(prefix="codeq-sandbox-")
+        os.chmod(self.scratch, 0o711)  # the program's uid must reach its run dir below
+        server_config = self.server_config()
+        command = self.command(json.dumps(server_config))
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=dict(MINIMAL_ENV),
+            cwd=self.scratch,
+            start_new_session=True,
+            close_fds=True,
+        )
+        try:
+            body = self.read_frame(time.monotonic() + HELLO_TIMEOUT_S)
+            self.hello = json.loads(body)["hello"]
+        except (WorkerCrashed, ValueError, KeyError) as exc:
+            self.stop()
+            raise SandboxError(
+                f"the {self.backend} sandbox did not start: {exc}",
+                hint="check `runsc --rootless --network=none do true` works, or set "
+                "sandbox.backend=subprocess",
+            ) from None
+
+    def server_config(self) -> dict[str, Any]:
+        in_gvisor = self.backend == "gvisor"
+        return {
+            "memory_mb": self.config.memory_mb,
+            "cpu_time_s": self.config.cpu_time_s,
+            "wall_timeout_s": self.config.wall_timeout_s,
+            "max_output_bytes": self.config.max_output_bytes,
+            "max_file_bytes": self.config.max_file_bytes,
+            "max_processes": self.config.max_processes,
+            "max_result_bytes": MAX_RESULT_BYTES,
+            "in_gvisor": in_gvisor,
+            # Inside gVisor the root file system is an in-memory overlay, so the jail's
+            # mountpoint never reaches the host disk.
+            "scratch": "/tmp/codeq-sandbox" if in_gvisor else self.scratch,
+        }
+
+    def command(self, server_config: str) -> list[str]:
+        python = os.path.realpath(sys.executable)
+        server = [python, "-S", "-I", "-B", str(SERVER_SOURCE), server_config]
+        if self.backend != "gvisor":
+            return server
+        assert self.runsc is not None
+        return [self.runsc, "--rootless", "--network=none", "do", "--quiet", *server]
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            with _suppress_os_errors():
+                assert process.stdin is not None
+                process.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=2.0)
+            kill_group(process)
+            with _suppress_os_errors():
+                assert process.stdout is not None
+                process.stdout.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    # -------------------------------------------------------------- one request
+
+    def execute(self, request: ExecRequest) -> ExecResult:
+        started = time.monotonic()
+        if not self.alive():
+            self.restart()
+        secret = secrets.token_bytes(32)
+        frame = {
+            "secret": secret.hex(),
+            "program": request.program,
+            "prelude": request.prelude,
+            "runner": request.runner,
+            "calls": list(request.calls),
+            "call_timeout_s": request.call_timeout_s,
+            "wall_timeout_s": self.config.wall_timeout_s,
+        }
+        try:
+            self.write_frame(json.dumps(frame).encode())
+            deadline = time.monotonic() + self.config.wall_timeout_s + REPLY_MARGIN_S
+            body = self.read_frame(deadline)
+            reply = verify(body, secret)
+        except WorkerCrashed as exc:
+            self.stop()
+            return self.failure(request, "sandbox_error", str(exc), started)
+        return interpret(reply, request, self.backend)
+
+    def failure(self, request: ExecRequest, status: str, why: str, started: float) -> ExecResult:
+        return ExecResult(
+            status=status,
+            backend=self.backend,
+            calls=[None] * len(request.calls),
+            stdout="",
+            stderr=f"sandbox: {why}",
+            seconds=time.monotonic() - started,
+        )
+
+    # -------------------------------------------------------------- framing
+
+    def write_frame(self, body: bytes) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        try:
+            self.process.stdin.write(struct.pack(">I", len(body)) + body)
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise WorkerCrashed(f"server is gone ({exc})") from None
+
+    def read_frame(self, deadline: float) -> bytes:
+        (size,) = struct.unpack(">I", self.read_exact(4, deadline))
+        if size > MAX_RESULT_BYTES + 1024:
+            raise WorkerCrashed("oversized reply frame")
+        return self.read_exact(size, deadline)
+
+    def read_exact(self, size: int, deadline: float) -> bytes:
+        assert self.process is not None and self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        chunks: list[bytes] = []
+        while size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerCrashed("no reply from the sandbox before the deadline")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, min(size, 1 << 20))
+            if not chunk:
+                raise WorkerCrashed("the sandbox server exited")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+
+class _suppress_os_errors:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, value: object, traceback: object) -> bool:
+        return isinstance(value, OSError | ValueError)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5.0)
+
+
+def verify(body: bytes, secret: bytes) -> dict[str, Any]:
+    payload, tag = body[:-32], body[-32:]
+    expected = hmac.new(secret, payload, hashlib.sha256).digest()
+    if len(body) < 32 or not hmac.compare_digest(tag, expected):
+        raise WorkerCrashed("reply frame does not carry this run's secret")
+    try:
+        reply = json.loads(payload)
+    except ValueError:
+        raise WorkerCrashed("undecodable reply frame") from None
+    if not isinstance(reply, dict):
+        raise WorkerCrashed("reply frame is not an object")
+    return reply
+
+
+# ------------------------------------------------------------------ verdict from raw messages
+
+
+def interpret(reply: dict[str, Any], request: ExecRequest, backend: str) -> ExecResult:
+    calls: list[CallResult | None] = [None] * len(request.calls)
+    messages = reply.get("messages") or []
+    stderr = str(reply.get("stderr", ""))[-DIAGNOSTIC_CHARS:]
+    result = ExecResult(
+        status="ok",
+        backend=backend,
+        calls=calls,
+        stdout=str(reply.get("stdout", ""))[:DIAGNOSTIC_CHARS],
+        stderr=stderr,
+        seconds=float(reply.get("seconds", 0.0)),
+    )
+    if reply.get("garbled"):
+        result.status = "killed"
+        result.stderr = f"{stderr}\nsandbox: result channel tampered with ({reply['garbled']})"
+        return result
+    load = messages[0] if messages else None
+    if load is not None and load.get("load") != "ok":
+        result.status = load_status(load)
+        result.stderr = f"{stderr}\n{load.get('error', '')}".strip()
+        return result
+    for message in messages[1:]:
+        calls[message["i"]] = call_result(message)
+    result.status = run_status(reply, load, calls)
+    if result.status != "ok":
+        mark_interrupted_call(result, reply, load)
+    return result
+
+
+def load_status(load: dict[str, Any]) -> str:
+    kind = load.get("load")
+    error = str(load.get("error", ""))
+    if kind == "syntax_error":
+        return "syntax_error"
+    if kind == "load_error":
+        return "memory" if error.startswith("MemoryError") else "load_error"
+    return "sandbox_error"  # the trusted runner or prelude failed: not the program's fault
+
+
+def call_result(message: dict[str, Any]) -> CallResult:
+    ok = bool(message.get("ok"))
+    value = None
+    error = message.get("error")
+    if ok:
+        try:
+            value = json.loads(str(message.get("value")))
+        except (TypeError, ValueError):
+            ok, error = False, "SandboxError: undecodable return value"
+    return CallResult(
+        ok=ok,
+        value=value,
+        error=None if ok else str(error)[:2000],
+        seconds=float(message.get("seconds") or 0.0),
+    )
+
+
+def run_status(reply: dict[str, Any], load: dict[str, Any] | None, calls: list) -> str:
+    if reply.get("status") in ("timeout", "output_limit"):
+        return str(reply["status"])
+    exit_status = reply.get("exit")
+    signaled = isinstance(exit_status, int) and os.WIFSIGNALED(exit_status)
+    if signaled and os.WTERMSIG(exit_status) == signal.SIGXCPU:
+        return "timeout"
+    if any(call is not None and (call.error or "").startswith("MemoryError") for call in calls):
+        return "memory"
+    if load is None or any(call is None for call in calls):
+        return "killed"
+    return "ok"
+
+
+def mark_interrupted_call(result: ExecResult, reply: dict[str, Any], load: Any) -> None:
+    """The call that was running when the run was stopped gets a failed CallResult."""
+    if load is None:
+        return
+    for index, call in enumerate(result.calls):
+        if call is None:
+            reason = {
+                "timeout": "TimeoutError: call exceeded the time limit",
+                "output_limit": "OutputLimitError: output cap exceeded",
+            }.get(result.status, f"Killed: the program stopped ({describe_exit(reply)})")
+            result.calls[index] = CallResult(ok=False, value=None, error=reason, seconds=0.0)
+            return
+
+
+def describe_exit(reply: dict[str, Any]) -> str:
+    status = reply.get("exit")
+    if not isinstance(status, int):
+        return "no exit status"
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit code {os.WEXITSTATUS(status)}"
