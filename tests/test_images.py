@@ -178,3 +178,52 @@ def test_entrypoint_execs_the_stage_command(tmp_path):
     )
     assert result.returncode == 75 and result.stdout.strip() == "ran"
     assert (tmp_path / "s" / "cache").is_dir() and (tmp_path / "t").is_dir()
+
+
+def test_rootless_runsc_runs_with_the_charts_restrictions():
+    """The sandbox stages keep non-root, no privilege escalation and no capabilities at all; only
+    seccomp/AppArmor are relaxed (values.yaml `sandbox`). Prove runsc needs nothing more: run
+    `runsc --rootless do` as the chart's UID with no_new_privs and an empty bounding set."""
+    import yaml
+
+    runsc, setpriv = shutil.which("runsc"), shutil.which("setpriv")
+    if not (runsc and setpriv and os.geteuid() == 0):
+        pytest.skip("needs runsc, setpriv and root (to drop to the chart's UID)")
+    values = yaml.safe_load((REPO / "helm" / "codeq" / "values.yaml").read_text())
+    uid, gid = values["jobs"]["runAsUser"], values["jobs"]["runAsGroup"]
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="codeq-runsc-"))  # pytest dirs are 0700 to root
+    os.chmod(scratch, 0o777)
+    result = subprocess.run(
+        [
+            setpriv,
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--bounding-set",
+            "-all",
+            "--inh-caps",
+            "-all",
+            "env",
+            "-i",
+            "PATH=/usr/bin:/bin",
+            f"HOME={scratch}",
+            f"TMPDIR={scratch}",
+            runsc,
+            "--rootless",
+            "--network=none",
+            "do",
+            "/bin/sh",
+            "-c",
+            "id -u; echo inside-gvisor",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=scratch,
+    )
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "inside-gvisor" in result.stdout
