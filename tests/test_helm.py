@@ -536,3 +536,85 @@ def test_every_checkov_skip_carries_a_reason(chart_checkov):
     assert skipped, "expected the documented sandbox/tag skips"
     assert skipped <= set(reasons), skipped - set(reasons)
     assert skipped == {"CKV_K8S_43", "CKV_K8S_31", "CKV_K8S_15"}
+
+
+# ----------------------------------------------------------------------------- Argo conditions
+
+
+def gjson_get(document: Any, path: str) -> Any:
+    """The subset of gjson paths the conditions use: dotted keys and numeric array indexes."""
+    for part in path.split("."):
+        if isinstance(document, list) and part.isdigit() and int(part) < len(document):
+            document = document[int(part)]
+        elif isinstance(document, dict) and part in document:
+            document = document[part]
+        else:
+            return None
+    return document
+
+
+def condition_matches(condition: str, document: dict[str, Any]) -> bool:
+    """Argo evaluates resource conditions as Kubernetes label selectors over gjson lookups."""
+    matched = []
+    for requirement in re.split(r",(?![^()]*\))", condition):
+        requirement = requirement.strip()
+        if m := re.fullmatch(r"([\w./-]+) in \(([^)]*)\)", requirement):
+            value = gjson_get(document, m.group(1))
+            matched.append(value is not None and str(value) in m.group(2).split(","))
+        elif m := re.fullmatch(r"([\w./-]+) (==|!=|>|<) (\S+)", requirement):
+            value = gjson_get(document, m.group(1))
+            op, expected = m.group(2), m.group(3)
+            if op in (">", "<"):
+                matched.append(
+                    value is not None
+                    and (int(value) > int(expected) if op == ">" else int(value) < int(expected))
+                )
+            else:
+                matched.append((str(value) == expected) == (op == "=="))
+        elif re.fullmatch(r"[\w./-]+", requirement):
+            matched.append(gjson_get(document, requirement) is not None)
+        else:
+            raise AssertionError(f"unsupported requirement {requirement!r}")
+    return all(matched)
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        ({"active": 1, "startTime": "t"}, "waiting"),
+        (
+            {
+                "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True"},
+                    {"type": "Complete", "status": "True"},
+                ],
+                "completionTime": "t",
+                "succeeded": 1,
+            },
+            "succeeded",
+        ),
+        (
+            {
+                "conditions": [
+                    {"type": "FailureTarget", "status": "True"},
+                    {"type": "Failed", "status": "True"},
+                ],
+                "failed": 3,
+            },
+            "failed",
+        ),
+        ({"conditions": [{"type": "Failed", "status": "True"}], "failed": 3}, "failed"),
+        ({"active": 2, "failed": 2, "failedIndexes": "1"}, "waiting"),
+    ],
+)
+def test_resource_conditions_follow_the_jobs_terminal_state(status, outcome):
+    resource = workflow_template("default")["spec"]["templates"][1]["resource"]
+    job = {"kind": "Job", "status": status}
+    failed = condition_matches(resource["failureCondition"], job)
+    succeeded = condition_matches(resource["successCondition"], job)
+    assert {"failed": (True, False), "succeeded": (False, True), "waiting": (False, False)}[
+        outcome
+    ] == (
+        failed,
+        succeeded,
+    )
