@@ -395,7 +395,13 @@ def test_workflow_rbac_is_namespaced_and_minimal():
     assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     (role,) = [o for o in objs if o["kind"] == "Role"]
     resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert resources == {"jobs", "workflowtaskresults", "workflows"}
+    assert resources == {
+        "jobs",
+        "workflowtaskresults",
+        "workflowtasksets",
+        "workflowtasksets/status",
+        "workflows",
+    }
     assert not [r for r in role["rules"] if "*" in r["verbs"] or "secrets" in r["resources"]]
 
 
