@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from codeq.schemas import Task, TestCase, write_json, write_jsonl
 from codeq.tasks.harness import EntryError, detect_entry, make_call
 from codeq.tasks.literals import LiteralParseError, ParsedExample, parse_example
 from codeq.tasks.loaders import RawItem, code_hash, deduplicate, load_source, normalize_code
-from codeq.tasks.scoring import build_request, run_tests, verdict_from_result
+from codeq.tasks.scoring import build_request, verdict_from_result
 from codeq.tasks.synth import Mutator
 
 if TYPE_CHECKING:
@@ -134,6 +135,13 @@ def synthesize_candidates(group: Group, config: CodeQConfig) -> None:
     group.candidates = calls
 
 
+def synthesize_all(groups: list[Group], config: CodeQConfig) -> int:
+    """Candidate hidden inputs for every group; returns how many were made."""
+    for group in groups:
+        synthesize_candidates(group, config)
+    return sum(len(group.candidates) for group in groups)
+
+
 def _chunked_batch(
     sandbox: Sandbox, requests: list[Any], label: str, progress: bool
 ) -> list[ExecResult]:
@@ -168,11 +176,7 @@ def run_oracles(
         visible_run = _slice_result(result, 0, n_visible)
         verdict = verdict_from_result(visible_run, group.visible)
         if not verdict.passed:
-            reason = (
-                "oracle_fails_examples"
-                if verdict.status == "failed"
-                else f"oracle_{verdict.status}"
-            )
+            reason = _oracle_drop_reason(verdict.status, group.drafts[0].item)
             drops[reason] += len(group.drafts)
             continue
         check = group.visible[0].check
@@ -191,6 +195,19 @@ def run_oracles(
         )
         kept.append(group)
     return kept
+
+
+_ANY_ANSWER = re.compile(
+    r"\b(return|output|print) any\b|any (valid|possible|one of)|multiple (valid )?answers", re.I
+)
+
+
+def _oracle_drop_reason(status: str, item: RawItem) -> str:
+    if status != "failed":
+        return f"oracle_{status}"
+    if _ANY_ANSWER.search(item.description + "\n" + "\n".join(item.examples)):
+        return "multiple_valid_answers"  # the statement's answer is one of several correct ones
+    return "oracle_fails_examples"
 
 
 def _slice_result(result: ExecResult, start: int, stop: int) -> ExecResult:
@@ -310,7 +327,7 @@ def prepare(
     unique, duplicates = deduplicate(items)
     drops: Counter[str] = Counter()
     groups = _timed("parse", timings, lambda: build_groups(unique, drops))
-    _timed("synthesize", timings, lambda: [synthesize_candidates(g, config) for g in groups])
+    _timed("synthesize", timings, lambda: synthesize_all(groups, config))
     if sandbox is None:
         with Sandbox(config.sandbox) as owned:
             tasks, backend = _execute(groups, owned, config, drops, progress, timings)
@@ -365,4 +382,4 @@ def _execute(
     return tasks, sandbox.backend
 
 
-__all__ = ["prepare", "split_by_slug", "draft_tests", "run_tests"]
+__all__ = ["draft_tests", "prepare", "split_by_slug"]

@@ -36,7 +36,7 @@ def _tree_from_list(values, tree_class):
 
 
 def _tree_to_list(root):
-    values = []
+    values: list = []
     queue = deque([root])
     seen = 0
     while queue:
@@ -63,7 +63,7 @@ def _linked_from_list(values, node_class):
 
 
 def _linked_to_list(head):
-    values = []
+    values: list = []
     while head is not None:
         values.append(_jsonable(head.val))
         if len(values) > MAX_NODES:
@@ -74,7 +74,7 @@ def _linked_to_list(head):
 
 def _quad_to_list(root):
     """LeetCode's quad-tree form: level order of [isLeaf, val], null for absent children."""
-    values = []
+    values: list = []
     queue = deque([root])
     while queue:
         node = queue.popleft()
@@ -83,7 +83,9 @@ def _quad_to_list(root):
         if node is None:
             values.append(None)
             continue
-        values.append([int(bool(node.isLeaf)), int(bool(node.val))])
+        # any val is accepted on inner nodes; LeetCode prints them as 1
+        leaf = bool(node.isLeaf)
+        values.append([int(leaf), int(bool(node.val)) if leaf else 1])
         queue.extend([node.topLeft, node.topRight, node.bottomLeft, node.bottomRight])
     while values and values[-1] is None:
         values.pop()

@@ -86,7 +86,10 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def build_request(program: str, tests: Sequence[TestCase], call_timeout_s: float | None = None):
+def build_request(
+    program: str, tests: Sequence[TestCase], call_timeout_s: float | None = None
+) -> ExecRequest:
+    """One sandbox request: the program with every test as one call, expected outputs left out."""
     from codeq.sandbox import ExecRequest
 
     return ExecRequest(
@@ -146,22 +149,6 @@ def verdict_from_result(result: ExecResult, tests: Sequence[TestCase]) -> Verdic
         tests=outcomes,
         seconds=round(result.seconds, 4),
     )
-
-
-def run_tests(
-    items: Sequence[tuple[str, Sequence[TestCase]]],
-    sandbox: Sandbox,
-    call_timeout_s: float | None = None,
-) -> list[Verdict]:
-    """Run (program, tests) pairs as one batch: one sandbox request per program."""
-    requests: list[ExecRequest] = [
-        build_request(program, tests, call_timeout_s) for program, tests in items
-    ]
-    results = sandbox.run_batch(requests) if requests else []
-    return [
-        verdict_from_result(result, tests)
-        for result, (_, tests) in zip(results, items, strict=True)
-    ]
 
 
 def score_programs(

@@ -145,6 +145,7 @@ class Mutator:
         self.length_groups = self._length_groups()
         self.int_ties = self._int_ties()
         self.leaf_caps = self._leaf_caps()
+        self.relabel = self._relabel_plan()
         self.tree_like = {
             name: any(
                 isinstance(e.values[i], list) and None in e.values[i]
@@ -230,6 +231,47 @@ class Mutator:
                         caps[(index, column)] = (other, 0)
                         break
         return caps
+
+    def _relabel_plan(self) -> tuple[int, int, list[int]] | None:
+        """Graph inputs (`edges` whose node ids stay below an int `n`) keep their structure: a
+        random change of ids could turn a tree into a cycle, so ids are permuted instead.
+        Returns (n's index, id offset, argument indexes to relabel)."""
+        for (index, _column), (other, offset) in self.leaf_caps.items():
+            value = self.function_examples[0].values[other]
+            if not _GRAPH_NAME.search(self.names[index]) or not isinstance(value, int):
+                continue
+            targets = sorted(
+                {i for (i, _c), (o, off) in self.leaf_caps.items() if o == other and off == offset}
+                | {
+                    i
+                    for i, name in enumerate(self.names)
+                    if _NODE_NAME.search(name) and i != other and self._ids_below(i, other, offset)
+                }
+            )
+            return other, offset, targets
+        return None
+
+    def _ids_below(self, index: int, other: int, offset: int) -> bool:
+        return all(
+            isinstance(e.values[index], int)
+            and not isinstance(e.values[index], bool)
+            and e.values[index] <= e.values[other] - offset
+            for e in self.function_examples
+        )
+
+    def _relabelled(self, example: FunctionExample) -> FunctionExample:
+        assert self.relabel is not None
+        other, offset, targets = self.relabel
+        n = example.values[other]
+        first = 1 - offset  # ids are 0..n-1 (below n) or 1..n (at most n)
+        ids = list(range(first, first + n))
+        shuffled = ids[:]
+        self.rng.shuffle(shuffled)
+        mapping = dict(zip(ids, shuffled, strict=True))
+        values = list(example.values)
+        for index in targets:
+            values[index] = _map_ints(values[index], mapping)
+        return FunctionExample(names=list(example.names), values=values, output=None)
 
     # scalar mutations ----------------------------------------------------------------------
     def _int_range(self, name: str, observed: list[int]) -> tuple[int, int]:
@@ -368,6 +410,23 @@ class Mutator:
         return self.rng.randint(lo, hi)
 
     def mutate_function(self, example: FunctionExample) -> FunctionExample:
+        if self.relabel is not None:
+            relabelled = self._relabelled(example)
+            other, _offset, targets = self.relabel
+            frozen = {other, *targets}
+            values = list(relabelled.values)
+            for index, name in enumerate(self.names):
+                value = values[index]
+                if index in frozen or self.rng.random() < 0.5:
+                    continue
+                profile = self.profiles[name]
+                if isinstance(value, list):
+                    values[index] = self._mutate_list(name, value, profile, len(value))
+                elif isinstance(value, str):
+                    values[index] = self._mutate_string(value, profile.chars, len(value))
+                else:
+                    values[index] = self._mutate_leaf(name, value, profile)
+            return FunctionExample(names=list(example.names), values=values, output=None)
         lengths: dict[int, int] = {}
         for group in self.length_groups:
             length = self._new_length(group[0], example)
@@ -445,6 +504,18 @@ class Mutator:
             if len(found) >= wanted:
                 break
         return found
+
+
+_GRAPH_NAME = re.compile(r"edge|road|connection|graph|adj|trip|path|link", re.I)
+_NODE_NAME = re.compile(r"node|start|end|src|dst|source|target|dest|from|to|root|city", re.I)
+
+
+def _map_ints(value: Any, mapping: dict[int, int]) -> Any:
+    if isinstance(value, list):
+        return [_map_ints(item, mapping) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return mapping.get(value, value)
+    return value
 
 
 def _max_int_leaf(value: Any) -> int | None:
