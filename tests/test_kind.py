@@ -51,7 +51,7 @@ def kubectl_json(*args: str) -> dict:
 @pytest.fixture(scope="module")
 def finished_round() -> dict:
     _require_cluster()
-    result = subprocess.run(
+    submitted = subprocess.run(
         [
             "argo",
             "submit",
@@ -60,16 +60,19 @@ def finished_round() -> dict:
             str(REPO / "argo" / "round.yaml"),
             "-p",
             "round=0",
-            "--wait",
             "-o",
-            "json",
+            "name",
         ],
         capture_output=True,
         text=True,
-        timeout=5400,
+        timeout=120,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    name = json.loads(result.stdout)["metadata"]["name"]
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    name = submitted.stdout.strip().splitlines()[-1]
+    waited = subprocess.run(
+        ["argo", "wait", "-n", NAMESPACE, name], capture_output=True, text=True, timeout=5400
+    )
+    assert waited.returncode == 0, waited.stderr[-3000:]
     return kubectl_json("get", "workflow", name)
 
 
