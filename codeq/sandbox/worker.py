@@ -103,14 +103,19 @@ class Worker:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
+        """End of stdin lets the server kill its child and exit, and `runsc do` remove its
+        state; a server that does not go in time is killed with every process it started."""
         process, self.process = self.process, None
         if process is not None:
+            descendants = descendants_of(process.pid)
             with _suppress_os_errors():
                 assert process.stdin is not None
                 process.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=2.0)
+                process.wait(timeout=3.0)
+            descendants += descendants_of(process.pid)
             kill_group(process)
+            kill_leftovers(descendants)
             with _suppress_os_errors():
                 assert process.stdout is not None
                 process.stdout.close()
@@ -208,6 +213,47 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=5.0)
 
 
+def descendants_of(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live descendant: runsc's sandbox and gofer processes start
+    their own sessions, so a group kill alone would miss them."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                commands[int(name)] = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(name))
+    found: list[tuple[int, str]] = []
+    pending = list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        found.append((pid, commands.get(pid, "")))
+        pending.extend(children.get(pid, []))
+    return found
+
+
+def kill_leftovers(processes: list[tuple[int, str]]) -> None:
+    for pid, command in processes:
+        with contextlib.suppress(OSError):
+            if command and _command_of(pid) == command:  # not a recycled pid
+                os.kill(pid, signal.SIGKILL)
+    for _pid, command in processes:
+        for part in command.split():
+            if part.startswith("--root=/tmp/runsc-do"):
+                shutil.rmtree(part.removeprefix("--root="), ignore_errors=True)
+
+
+def _command_of(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+
+
 def verify(body: bytes, secret: bytes) -> dict[str, Any]:
     payload, tag = body[:-32], body[-32:]
     expected = hmac.new(secret, payload, hashlib.sha256).digest()
@@ -285,14 +331,17 @@ def run_status(reply: dict[str, Any], load: dict[str, Any] | None, calls: list) 
     if reply.get("status") in ("timeout", "output_limit"):
         return str(reply["status"])
     exit_status = reply.get("exit")
-    signaled = isinstance(exit_status, int) and os.WIFSIGNALED(exit_status)
-    if signaled and os.WTERMSIG(exit_status) == signal.SIGXCPU:
+    if isinstance(exit_status, int) and killed_by(exit_status, signal.SIGXCPU):
         return "timeout"
     if any(call is not None and (call.error or "").startswith("MemoryError") for call in calls):
         return "memory"
     if load is None or any(call is None for call in calls):
         return "killed"
     return "ok"
+
+
+def killed_by(exit_status: int, signum: int) -> bool:
+    return os.WIFSIGNALED(exit_status) and os.WTERMSIG(exit_status) == signum
 
 
 def mark_interrupted_call(result: ExecResult, reply: dict[str, Any], load: Any) -> None:
