@@ -21,6 +21,9 @@ def command(
         None, "--model", help="Policy model (default from the preset: 'smollm2')."
     ),
     run: str = typer.Option("local", "--run", help="Run name in the store."),
+    max_items: int | None = typer.Option(
+        None, "--max-items", min=1, help="Read at most N source items (quick DebugBench rounds)."
+    ),
 ) -> None:
     """Run a whole round locally (settings preset codeq/data/local-round.yaml unless --config)."""
     from codeq.config import load_config
@@ -29,7 +32,7 @@ def command(
     out = out.expanduser().resolve()
     overrides: dict[str, dict[str, object]] = {
         "store": {"uri": f"file://{out / 'store'}", "run": run, "round": round_number},
-        "tasks": {"source": source},
+        "tasks": {"source": source, **({"max_items": max_items} if max_items else {})},
     }
     if model is not None:
         overrides["policy"] = {"model": model}

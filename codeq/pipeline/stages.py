@@ -371,7 +371,8 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     candidate: dict[str, Any] | None = None
     if adapter is not None:
         log("evaluate: the new adapter on the test tasks")
-        candidate = _evaluate(ctx, tasks_path, out_dir, adapter)
+        _evaluate(ctx, tasks_path, out_dir, adapter)
+        candidate = _read_results(out_dir / "results.json")
     else:
         log("evaluate: no adapter was trained this round; evaluating the incumbent only")
     baseline_dir = out_dir / "baseline"
