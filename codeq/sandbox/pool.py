@@ -109,6 +109,11 @@ class Sandbox:
         return len(self._workers)
 
     @property
+    def scratch_dirs(self) -> list[str]:
+        """Host directories the workers use now; all of them are removed by close()."""
+        return [worker.scratch for worker in self._workers if worker.scratch]
+
+    @property
     def isolation(self) -> dict:
         """What the first worker's server could set up (jail, uid drop, network namespace)."""
         return dict(self._workers[0].hello) if self._workers else {}

@@ -205,6 +205,8 @@ def describe(exc: BaseException) -> str:
 
 def child_main(request_fd: int, result_fd: int, out_fd: int, err_fd: int, setup: dict) -> None:
     os.setsid()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out_fd, 1)
@@ -428,7 +430,7 @@ def reap() -> None:
 class Collector:
     """Reads the child's result messages and output until it finishes or breaks a limit."""
 
-    def __init__(self, child: Child, request: dict, limits: dict) -> None:
+    def __init__(self, child: Child, request: dict, limits: dict, wakeup_fd: int) -> None:
         self.child = child
         self.limits = limits
         self.messages: list[dict] = []
@@ -442,6 +444,8 @@ class Collector:
         self.started = time.monotonic()
         self.last_message = self.started
         self.garbled: str | None = None
+        self.exit_status: int | None = None
+        self.wakeup_fd = wakeup_fd
 
     def deadline(self) -> float:
         wall_deadline = self.started + self.wall
@@ -457,18 +461,51 @@ class Collector:
             if remaining <= 0:
                 self.status = "timeout"
                 return
-            ready, _, _ = select.select(open_fds, [], [], remaining)
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    open_fds.remove(fd)
-                elif fd == self.child.result_r:
-                    self.take_results(chunk)
-                    if self.garbled:
-                        return
-                elif not self.take_output(fd, chunk):
-                    self.status = "output_limit"
+            ready, _, _ = select.select([*open_fds, self.wakeup_fd], [], [], remaining)
+            if self.wakeup_fd in ready:
+                ready.remove(self.wakeup_fd)
+                if self.child_exited():
+                    # Processes it left behind may hold the pipes open: take what is written
+                    # so far and stop; they are killed next.
+                    self.read_available(open_fds)
                     return
+            for fd in ready:
+                if not self.read_once(fd, open_fds):
+                    return
+
+    def read_once(self, fd: int, open_fds: list[int]) -> bool:
+        """Read one chunk from `fd`; False when a limit or a broken protocol ends the run."""
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            open_fds.remove(fd)
+        elif fd == self.child.result_r:
+            self.take_results(chunk)
+            return not self.garbled
+        elif not self.take_output(fd, chunk):
+            self.status = "output_limit"
+            return False
+        return True
+
+    def read_available(self, open_fds: list[int]) -> None:
+        while open_fds:
+            ready, _, _ = select.select(open_fds, [], [], 0)
+            if not ready:
+                return
+            for fd in ready:
+                if not self.read_once(fd, open_fds):
+                    return
+
+    def child_exited(self) -> bool:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wakeup_fd, 512):
+                pass
+        done, status = os.waitpid(self.child.pid, os.WNOHANG)
+        if done:
+            self.exit_status = status
+        return bool(done)
 
     def take_output(self, fd: int, chunk: bytes) -> bool:
         cap = self.limits["max_output_bytes"]
@@ -519,10 +556,10 @@ class Collector:
 def handle(request: dict, child: Child, setup: dict) -> dict:
     write_frame(child.request_w, json.dumps({k: request[k] for k in CHILD_KEYS}).encode())
     os.close(child.request_w)
-    collector = Collector(child, request, setup["limits"])
+    collector = Collector(child, request, setup["limits"], setup["wakeup_fd"])
     collector.collect()
-    exit_status = None
-    if collector.status is None and not collector.garbled:
+    exit_status = collector.exit_status
+    if exit_status is None and collector.status is None and not collector.garbled:
         exit_status = wait_briefly(child.pid)
     kill_everything(child, not setup["limits"]["in_gvisor"])
     if exit_status is None:
@@ -566,6 +603,9 @@ def serve(config: dict) -> None:
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wakeup_w)  # SIGCHLD wakes select() when the child exits
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     is_root = os.geteuid() == 0
     caps = try_unshare_network_and_mounts() if is_root else {"netns": False, "mountns": False}
     tmpfs_bytes = max(64 << 20, 4 * config["max_file_bytes"])
@@ -574,7 +614,7 @@ def serve(config: dict) -> None:
         is_root and (caps["mountns"] or config["in_gvisor"]) and build_jail(jail_dir, tmpfs_bytes)
     )
     setup = {"jail": jail, "jail_dir": jail_dir, "uid_drop": is_root, "limits": config}
-    setup.update(scratch=config["scratch"], counter=0)
+    setup.update(scratch=config["scratch"], counter=0, wakeup_fd=wakeup_r)
     stdin, stdout = 0, os.dup(1)
     os.dup2(os.open("/dev/null", os.O_WRONLY), 1)  # stray prints can never reach the host
     hello = {"jail": jail, "uid_drop": is_root, **caps, "pid": os.getpid()}

@@ -1,0 +1,145 @@
+"""The sandbox API: verdict statuses, per-call results, batches, backend choice, clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from codeq.config import SandboxConfig
+from codeq.errors import SandboxError
+from codeq.sandbox import ExecRequest, Sandbox
+from tests.sandbox_helpers import (
+    BACKENDS,
+    RUNNER,
+    assert_still_healthy,
+    descendants,
+    passes,
+    request,
+    small_config,
+    still_running,
+)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sandbox(request):
+    with Sandbox(small_config(request.param, workers=2)) as box:
+        yield box
+
+
+def test_runs_each_call_and_returns_raw_values(sandbox):
+    program = "def solve(a, b):\n    print('working')\n    return [a + b, {'k': a}]\n"
+    result = sandbox.run(request(program, [1, 2], [3, 4]))
+    assert result.status == "ok"
+    assert result.backend == sandbox.backend
+    assert [call.value for call in result.calls if call] == [[3, {"k": 1}], [7, {"k": 3}]]
+    assert "working" in result.stdout
+    assert passes(result, [[3, {"k": 1}], [7, {"k": 3}]])
+
+
+def test_prelude_runs_in_the_program_namespace(sandbox):
+    prelude = "from collections import Counter\nBASE = 10\n"
+    program = "def solve(s):\n    return BASE + Counter(s).most_common(1)[0][1]\n"
+    result = sandbox.run(
+        ExecRequest(
+            program=program,
+            runner=RUNNER,
+            prelude=prelude,
+            calls=[{"function": "solve", "args": ["aab"]}],
+        )
+    )
+    assert result.status == "ok" and result.calls[0] is not None
+    assert result.calls[0].value == 12
+
+
+def test_a_failing_call_does_not_stop_the_next(sandbox):
+    program = "def solve(x):\n    return 10 // x\n"
+    result = sandbox.run(request(program, [0], [5]))
+    assert result.status == "ok"
+    first, second = result.calls
+    assert first is not None and not first.ok and first.error.startswith("ZeroDivisionError")
+    assert second is not None and second.ok and second.value == 2
+
+
+def test_unserializable_return_value_fails_that_call(sandbox):
+    result = sandbox.run(request("def solve():\n    return object()\n", []))
+    call = result.calls[0]
+    assert call is not None and not call.ok and "not JSON serializable" in call.error
+
+
+def test_syntax_error_leaves_every_call_unreached(sandbox):
+    result = sandbox.run(request("def solve(:\n    return 1\n", [], []))
+    assert result.status == "syntax_error"
+    assert result.calls == [None, None]
+    assert "SyntaxError" in result.stderr
+
+
+def test_exception_at_load_is_a_load_error(sandbox):
+    result = sandbox.run(request("import no_such_module_here\n", []))
+    assert result.status == "load_error"
+    assert result.calls == [None]
+    assert "ModuleNotFoundError" in result.stderr
+
+
+def test_call_timeout_keeps_earlier_results_and_stops_later_calls(sandbox):
+    program = "def solve(n):\n    while n:\n        pass\n    return 'done'\n"
+    started = time.monotonic()
+    result = sandbox.run(request(program, [0], [1], [0], timeout=0.5))
+    assert time.monotonic() - started < 3.5
+    assert result.status == "timeout"
+    done, stuck, unreached = result.calls
+    assert done is not None and done.value == "done"
+    assert stuck is not None and not stuck.ok and stuck.error.startswith("TimeoutError")
+    assert unreached is None
+    assert_still_healthy(sandbox)
+
+
+def test_batch_preserves_order_across_workers(sandbox):
+    requests = [request(f"def solve():\n    return {index}\n", []) for index in range(12)]
+    results = sandbox.run_batch(requests)
+    assert [result.calls[0].value for result in results if result.calls[0]] == list(range(12))
+    assert all(result.backend == sandbox.backend for result in results)
+
+
+def test_batch_runs_in_parallel_over_workers(sandbox):
+    sleeper = request("import time\ndef solve():\n    time.sleep(0.6)\n    return 1\n", [])
+    started = time.monotonic()
+    results = sandbox.run_batch([sleeper, sleeper, sleeper, sleeper])
+    elapsed = time.monotonic() - started
+    assert all(result.status == "ok" for result in results)
+    assert elapsed < 4 * 0.6, f"4 sleeps on 2 workers took {elapsed:.2f}s"
+
+
+def test_auto_without_runsc_falls_back_loudly(capsys, caplog):
+    config = SandboxConfig(backend="auto", runsc_path="/nonexistent/runsc", workers=1)
+    with Sandbox(config) as box:
+        assert box.backend == "subprocess"
+        assert box.run(request("def solve():\n    return 5\n", [])).backend == "subprocess"
+    assert "runsc" in capsys.readouterr().err
+    assert any("SUBPROCESS" in record.getMessage() for record in caplog.records)
+
+
+def test_forcing_gvisor_without_runsc_is_a_sandbox_error():
+    config = SandboxConfig(backend="gvisor", runsc_path="/nonexistent/runsc")
+    with pytest.raises(SandboxError) as caught:
+        Sandbox(config)
+    assert caught.value.hint and "apt-get install runsc" in caught.value.hint
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_leaves_no_process_or_scratch_directory(backend):
+    already_running = descendants()
+    box = Sandbox(small_config(backend, workers=2)).start()
+    spawned = "import os\ndef solve():\n    if os.fork() == 0:\n        os.setsid()\n        while True:\n            pass\n    return 1\n"
+    assert box.run(request(spawned, [])).status == "ok"
+    started = {pid: cmd for pid, cmd in descendants().items() if pid not in already_running}
+    scratch = box.scratch_dirs
+    assert len(scratch) == 2 and all(os.path.isdir(path) for path in scratch)
+    assert started, "the workers should be running below this process"
+    box.close()
+    deadline = time.monotonic() + 5
+    while still_running(started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert still_running(started) == {}
+    assert not any(os.path.exists(path) for path in scratch)
