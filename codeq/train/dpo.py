@@ -184,6 +184,7 @@ def lora_config(config: TrainConfig) -> Any:
 
 
 def _make_trainer_class() -> Any:
+    from transformers.trainer_callback import PrinterCallback
     from transformers.trainer_pt_utils import LengthGroupedSampler
     from trl import DPOTrainer
 
@@ -192,6 +193,7 @@ def _make_trainer_class() -> Any:
 
         def __init__(self, *args: Any, length_bucketing: bool, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.remove_callback(PrinterCallback)  # logs go to stderr via our callback, not stdout
             self.length_bucketing = length_bucketing
             self.train_meter = PaddingMeter(self.data_collator)
 
@@ -232,6 +234,14 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
             self.best_accuracy: float | None = None
             self.best_step: int | None = None
             self.best_state: dict[str, Any] | None = None
+            self.step_seconds: list[float] = []
+            self._step_started = 0.0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._step_started = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.step_seconds.append(time.perf_counter() - self._step_started)
 
         def on_log(
             self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
@@ -317,15 +327,27 @@ def _check_finite_history(steps: list[dict[str, Any]]) -> None:
                 )
 
 
-def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) -> dict[str, Any]:
-    """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json."""
+@dataclass
+class PreparedTraining:
+    """A DPO trainer ready to run, with what train_dpo reports about its inputs."""
+
+    trainer: Any
+    callback: Any
+    tokenizer: Any
+    source: str
+    use_bf16: bool
+    n_pairs: int
+    n_train: int
+    n_held_out: int
+    over_max_length: int
+
+
+def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> PreparedTraining:
+    """Load the base model, drop over-long pairs, hold out a slice, and set up the trainer."""
     import torch
     from datasets import Dataset
-    from peft import set_peft_model_state_dict
 
-    out_dir = Path(out_dir)
     train_config = config.train
-    pairs = _load_pairs(Path(pairs_path))
     source = resolve_model_source(config.policy)
     tokenizer = load_tokenizer(source)
     train_examples, held_out, over_max_length = split_pairs(pairs, tokenizer, train_config)
@@ -339,7 +361,6 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
         file=sys.stderr,
         flush=True,
     )
-
     trainer_ref: dict[str, Any] = {}
     callback = _make_callback(trainer_ref)
     trainer = _make_trainer_class()(
@@ -353,10 +374,30 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
         length_bucketing=train_config.length_bucketing,
     )
     trainer_ref["trainer"] = trainer
+    return PreparedTraining(
+        trainer=trainer,
+        callback=callback,
+        tokenizer=tokenizer,
+        source=source,
+        use_bf16=use_bf16,
+        n_pairs=len(pairs),
+        n_train=len(train_examples),
+        n_held_out=len(held_out),
+        over_max_length=over_max_length,
+    )
+
+
+def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) -> dict[str, Any]:
+    """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json."""
+    from peft import set_peft_model_state_dict
+
+    out_dir = Path(out_dir)
+    prepared = build_trainer(_load_pairs(Path(pairs_path)), out_dir, config)
+    trainer, callback, tokenizer = prepared.trainer, prepared.callback, prepared.tokenizer
     started = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - started
-    final_eval = trainer.evaluate() if held_out else {}
+    final_eval = trainer.evaluate() if prepared.n_held_out else {}
 
     steps, evals = _history(trainer.state.log_history)
     _check_finite_history(steps)
@@ -368,19 +409,19 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
 
     meter = trainer.train_meter
     metrics = {
-        "base_model": source,
+        "base_model": prepared.source,
         "adapter": str(adapter_dir),
-        "precision": "bf16" if use_bf16 else "fp32",
+        "precision": "bf16" if prepared.use_bf16 else "fp32",
         "log_probs_dtype": "float32",
         "pairs": {
-            "total": len(pairs),
-            "train": len(train_examples),
-            "held_out": len(held_out),
-            "dropped_over_max_length": over_max_length,
+            "total": prepared.n_pairs,
+            "train": prepared.n_train,
+            "held_out": prepared.n_held_out,
+            "dropped_over_max_length": prepared.over_max_length,
         },
         "global_steps": trainer.state.global_step,
         "train_seconds": seconds,
-        "seconds_per_step": seconds / max(1, trainer.state.global_step),
+        "step_seconds": callback.step_seconds,
         "train_loss": result.training_loss,
         "tokens": {
             "real": meter.real_tokens,
@@ -394,7 +435,7 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
         "best_step": callback.best_step,
         "steps": steps,
         "eval": evals,
-        "config": train_config.model_dump(),
+        "config": config.train.model_dump(),
     }
     write_json(out_dir / "metrics.json", metrics)
     return metrics

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from codeq import cli
+from codeq.config import load_config
+from codeq.evaluate import ANY_NODE_LABEL, evaluate, summarize, wilson_interval
+from codeq.policy import GenerationRequest, GenerationResult
+from codeq.schemas import Task, read_jsonl
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "low", "high"),
+    [
+        (5, 10, 0.2366, 0.7634),
+        (0, 10, 0.0, 0.2775),
+        (10, 10, 0.7225, 1.0),
+        (81, 263, 0.2553, 0.3662),
+        (1, 1, 0.2065, 1.0),
+    ],
+)
+def test_wilson_interval_matches_published_values(successes, n, low, high) -> None:
+    got_low, got_high = wilson_interval(successes, n, 0.95)
+    assert got_low == pytest.approx(low, abs=1e-4)
+    assert got_high == pytest.approx(high, abs=1e-4)
+
+
+def test_wilson_interval_edges() -> None:
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    narrow = wilson_interval(50, 100, 0.8)
+    wide = wilson_interval(50, 100, 0.99)
+    assert wide[0] < narrow[0] < 0.5 < narrow[1] < wide[1]
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def make_task(task_id: str, level: str, category: str, subtype: str) -> Task:
+    return Task(
+        task_id=task_id,
+        slug=task_id,
+        level=level,  # type: ignore[arg-type]
+        category=category,  # type: ignore[arg-type]
+        subtype=subtype,
+        description="",
+        examples=[],
+        buggy_code="",
+        oracle_code="",
+        visible_tests=[],
+        hidden_tests=[],
+    )
+
+
+def test_summarize_breaks_down_fixed_outcomes() -> None:
+    tasks = [
+        make_task("a", "easy", "syntax", "missing colons"),
+        make_task("b", "easy", "logic", "condition error"),
+        make_task("c", "hard", "logic", "condition error"),
+        make_task("d", "hard", "logic", "variable error"),
+    ]
+    solved = {"a": True, "b": True, "c": False, "d": False}
+    summary = summarize(tasks, solved, 0.95)
+    assert (summary["n"], summary["solved"], summary["solve_rate"]) == (4, 2, 0.5)
+    assert (summary["ci_low"], summary["ci_high"]) == pytest.approx(wilson_interval(2, 4))
+    assert summary["by_level"]["easy"]["solve_rate"] == 1.0
+    assert summary["by_level"]["hard"]["solve_rate"] == 0.0
+    assert summary["by_category"]["logic"]["solved"] == 1
+    assert summary["by_category"]["logic"]["n"] == 3
+    assert summary["by_subtype"]["condition error"]["solve_rate"] == 0.5
+    assert summary["per_task"] == solved
+
+
+WRONG_MARKER = "UNUSED_MARKER"
+
+
+class ScriptedPolicy:
+    """Answers each task with a fixed plan: 'fix' returns the oracle at once, 'late' returns a
+    wrong (but valid) rewrite unless asked to refine that wrong rewrite (MCTS's second rollout),
+    'never' always returns a wrong rewrite."""
+
+    name = "scripted"
+
+    def __init__(self, tasks: Sequence[Task], plans: dict[str, str]) -> None:
+        self.tasks = list(tasks)
+        self.plans = plans
+        self.calls: Counter[str] = Counter()
+
+    def _task_of(self, text: str) -> Task:
+        matches = [t for t in self.tasks if t.buggy_code.strip() in text]
+        return max(matches, key=lambda t: len(t.buggy_code))
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        results = []
+        for request in requests:
+            if request.stop == "score":
+                texts = ["Score: 5/10"] * request.n
+            else:
+                text = "\n".join(message.content for message in request.messages)
+                task = self._task_of(text)
+                plan = self.plans[task.task_id]
+                self.calls[task.task_id] += 1
+                good = plan == "fix" or (plan == "late" and WRONG_MARKER in text)
+                code = task.oracle_code if good else task.buggy_code + f"\n{WRONG_MARKER} = 1\n"
+                texts = [f"```python\n{code}\n```"] * request.n
+            results.append(GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1]))
+        return results
+
+
+@pytest.fixture(scope="module")
+def test_tasks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tasks")
+    assert cli.run(["prepare", "--source", "builtin", "--out", str(out)]) == 0
+    return out / "train.jsonl"
+
+
+def test_evaluate_scores_one_final_program_per_task_on_hidden_tests(test_tasks, tmp_path) -> None:
+    tasks = read_jsonl(test_tasks, Task)[:3]
+    plans = {tasks[0].task_id: "fix", tasks[1].task_id: "late", tasks[2].task_id: "never"}
+    config = load_config(
+        overrides={
+            "search": {"rollouts": 2, "rewrites_per_expansion": 1, "bon_samples": 2},
+            "evaluate": {"max_tasks": 3, "rollout_ablation": [1, 2]},
+            "sandbox": {"backend": "subprocess", "workers": 2},
+        }
+    )
+    policy = ScriptedPolicy(tasks, plans)
+    results = evaluate(test_tasks, tmp_path, config, engine=policy)
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert saved["task_ids"] == [t.task_id for t in tasks]
+    assert saved["primary_mode"] == "mcts"
+    assert list(saved["modes"]) == ["zero_shot", "full_rewrite", "mcts", "bon"]
+    first, second, third = (t.task_id for t in tasks)
+    # one greedy rewrite, or samples from the buggy root: only the task fixed at once passes
+    for mode in ("zero_shot", "full_rewrite", "bon"):
+        assert saved["modes"][mode]["per_task"] == {first: True, second: False, third: False}
+        assert saved["modes"][mode]["solved"] == 1
+    # MCTS with 2 rollouts finds the late fix; with 1 it does not
+    assert saved["modes"]["mcts"]["per_task"] == {first: True, second: True, third: False}
+    ablation = saved["mcts_rollout_ablation"]
+    assert ablation["1"]["per_task"] == {first: True, second: False, third: False}
+    assert ablation["2"]["solved"] == 2
+    assert saved["any_node_passed"]["label"] == ANY_NODE_LABEL
+    assert saved["any_node_passed"]["solved"] == 2
+    low, high = wilson_interval(2, 3)
+    assert saved["modes"]["mcts"]["ci_low"] == pytest.approx(low)
+    assert saved["modes"]["mcts"]["ci_high"] == pytest.approx(high)
+    assert set(saved["modes"]["mcts"]["by_level"]) == {t.level for t in tasks}
+    assert (tmp_path / "trajectories-mcts.jsonl").is_file()
