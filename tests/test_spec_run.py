@@ -213,14 +213,16 @@ def moto_s3():
     server.stop()
 
 
-def run_round(endpoint: str, model_dir: Path, round_number: int, work: Path) -> list[str]:
+def run_round(
+    endpoint: str, model_dir: Path, round_number: int, work: Path
+) -> tuple[list[str], dict[str, LocalPod]]:
     objects = render_round(endpoint, model_dir, round_number)
     (workflow_template,) = [o for o in objects if o["kind"] == "WorkflowTemplate"]
     templates = {t["name"]: t for t in workflow_template["spec"]["templates"]}
     order = dag_order(workflow_template)
     assert order == STAGES
     table = {**WORKFLOW, "workflow.parameters.round": str(round_number)}
-    ran = []
+    ran, pods = [], {}
     for stage in order:
         manifest = substitute(templates[stage]["resource"]["manifest"], table)
         job = yaml.safe_load(manifest)
@@ -229,18 +231,19 @@ def run_round(endpoint: str, model_dir: Path, round_number: int, work: Path) -> 
         for index in indexes:
             name = stage if index is None else f"{stage}-{index}"
             pod = LocalPod(job, objects, work / f"round-{round_number}" / name)
+            pods[stage] = pod
             extra = {} if index is None else {"JOB_COMPLETION_INDEX": str(index)}
             log = work / f"round-{round_number}-{name}.log"
             code = pod.run(extra, log)
             if code != 0:
                 pytest.fail(f"job {name} exited {code}:\n{log.read_text()[-4000:]}")
             ran.append(name)
-    return ran
+    return ran, pods
 
 
 @pytest.mark.slow
 def test_rendered_jobs_complete_a_round_against_s3(moto_s3, tiny_model_dir, tmp_path):
-    ran = run_round(moto_s3, tiny_model_dir, 0, tmp_path)
+    ran, pods = run_round(moto_s3, tiny_model_dir, 0, tmp_path)
     assert ran == [
         "prepare",
         "collect-0",
@@ -281,3 +284,15 @@ def test_rendered_jobs_complete_a_round_against_s3(moto_s3, tiny_model_dir, tmp_
     )
     assert shard["shard_count"] == 2
     assert any(k.startswith(f"{base}/report/") and k.endswith("index.html") for k in keys)
+
+    # Resubmitting a round reruns finished stages as no-ops (the store has their markers).
+    log = tmp_path / "rerun-prepare.log"
+    assert pods["prepare"].run({}, log) == 0
+    assert "already complete" in log.read_text()
+
+    # A shard index outside the Job's completions is bad input: the exit code is one the
+    # collect Job's podFailurePolicy turns into FailIndex (no retries).
+    collect = pods["collect"]
+    rule = collect.job["spec"]["podFailurePolicy"]["rules"][1]
+    code = collect.run({"JOB_COMPLETION_INDEX": "7"}, tmp_path / "bad-index.log")
+    assert rule["action"] == "FailIndex" and code in rule["onExitCodes"]["values"], code
