@@ -129,3 +129,25 @@ def test_bad_sources_raise_dataset_errors(tmp_path: Path) -> None:
     (unknown / "python3_bad luck.json").write_text(json.dumps([_builtin_items()[0]]))
     with pytest.raises(DatasetError, match="unknown DebugBench subtype"):
         load_source(str(unknown))
+
+
+def test_hub_ids_go_through_datasets_and_unreachable_hub_is_transient(monkeypatch) -> None:
+    from codeq.errors import TransientError
+
+    import datasets
+    import huggingface_hub
+
+    # the flags are read at import time, so set them on the loaded modules too (no network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
+    with pytest.raises(TransientError, match="Hugging Face hub"):
+        load_source("nobody/no-such-debugbench")
+
+
+def test_hf_export_without_python3_rows_is_rejected(tmp_path: Path) -> None:
+    rows = [dict(row, language="cpp") for row in _hf_rows(_builtin_items())]
+    exported = tmp_path / "cpp.jsonl"
+    exported.write_text("\n".join(json.dumps(row) for row in rows))
+    with pytest.raises(DatasetError, match="no python3 items"):
+        load_source(str(exported))

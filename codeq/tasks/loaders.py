@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codeq.errors import DatasetError
+from codeq.errors import DatasetError, TransientError
 
 SUBTYPE_CATEGORY = {
     "missing colons": "syntax",
@@ -197,6 +197,11 @@ def _hf_rows(source: str) -> Iterable[dict[str, Any]]:
         else:
             loaded = datasets.load_dataset(source)
     except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
+        if _is_network_failure(exc):
+            raise TransientError(
+                f"cannot reach the Hugging Face hub for {source!r}: {type(exc).__name__}",
+                hint="retry later, or pass a local DebugBench clone",
+            ) from exc
         raise DatasetError(
             f"cannot load Hugging Face dataset {source!r}: {type(exc).__name__}: {exc}".splitlines()[
                 0
@@ -206,6 +211,15 @@ def _hf_rows(source: str) -> Iterable[dict[str, Any]]:
     splits = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
     for split in splits:
         yield from split
+
+
+def _is_network_failure(exc: BaseException) -> bool:
+    chain: BaseException | None = exc
+    while chain is not None:
+        if isinstance(chain, ConnectionError | TimeoutError) or "Connection" in type(chain).__name__:
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
 
 
 def load_hf(source: str) -> list[RawItem]:
