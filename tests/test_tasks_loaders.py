@@ -132,10 +132,10 @@ def test_bad_sources_raise_dataset_errors(tmp_path: Path) -> None:
 
 
 def test_hub_ids_go_through_datasets_and_unreachable_hub_is_transient(monkeypatch) -> None:
-    from codeq.errors import TransientError
-
     import datasets
     import huggingface_hub
+
+    from codeq.errors import TransientError
 
     # the flags are read at import time, so set them on the loaded modules too (no network)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -216,7 +216,10 @@ def _hf_rows(source: str) -> Iterable[dict[str, Any]]:
 def _is_network_failure(exc: BaseException) -> bool:
     chain: BaseException | None = exc
     while chain is not None:
-        if isinstance(chain, ConnectionError | TimeoutError) or "Connection" in type(chain).__name__:
+        if (
+            isinstance(chain, ConnectionError | TimeoutError)
+            or "Connection" in type(chain).__name__
+        ):
             return True
         chain = chain.__cause__ or chain.__context__
     return False
