@@ -146,3 +146,17 @@ def test_report_command_writes_the_report(tmp_path) -> None:
     assert code == 0
     html = (tmp_path / "out" / "index.html").read_text()
     assert "DPO reward accuracy" in html and "0.750" in html
+
+
+def test_report_of_a_round_without_a_new_adapter(tmp_path) -> None:
+    base = results("smollm2", {"a": True, "b": False, "c": False}, None)
+    index = render_report(
+        tmp_path / "r",
+        base_results=base,
+        train_metrics={"trained": False, "reason": "no preference pairs"},
+        pair_stats={**PAIR_STATS, "pairs": 0},
+    )
+    summary = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert summary["evaluation"]["modes"]["mcts"]["solved"] == 1
+    assert summary["train_skipped"] == "no preference pairs"
+    assert "no preference pairs" in index.read_text()

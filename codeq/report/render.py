@@ -81,7 +81,9 @@ def build_summary(
                 "dropped",
             )
         }
-    if train_metrics is not None:
+    if train_metrics is not None and train_metrics.get("trained") is False:
+        summary["train_skipped"] = train_metrics.get("reason", "no adapter was trained")
+    elif train_metrics is not None:
         summary["train"] = {
             key: train_metrics.get(key)
             for key in (
@@ -96,7 +98,10 @@ def build_summary(
                 "tokens",
             )
         }
-    for name, data in (("evaluation", results), ("base_evaluation", base_results)):
+    evaluations = (("evaluation", results), ("base_evaluation", base_results))
+    if results is None:  # no new adapter this round: the incumbent's results are the evaluation
+        evaluations = (("evaluation", base_results), ("base_evaluation", None))
+    for name, data in evaluations:
         if data is None:
             continue
         summary[name] = {
