@@ -1,0 +1,344 @@
+"""Each attack a reward-hacking policy might write: the program must get no pass, and the host
+(and the sandbox itself) must come out unharmed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from codeq.sandbox import Sandbox
+from tests.sandbox_helpers import (
+    BACKENDS,
+    assert_still_healthy,
+    descendants,
+    passes,
+    request,
+    small_config,
+)
+
+ENV_SECRET = "codeq-test-secret-7f3a91c2"
+EXPECTED = "expected-answer-5d1e88"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sandbox(request):
+    os.environ["CODEQ_TEST_PARENT_SECRET"] = ENV_SECRET
+    try:
+        with Sandbox(small_config(request.param)) as box:
+            assert_still_healthy(box)
+            yield box
+    finally:
+        os.environ.pop("CODEQ_TEST_PARENT_SECRET", None)
+
+
+PROBER = """
+import os
+def solve():
+    others = []
+    for pid in range(2, 4096):
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            others.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            others.append(pid)
+    return others
+"""
+
+
+def host_processes() -> dict[int, str]:
+    # gVisor backs each sandboxed address space with a host stub process (empty command line)
+    # that it pools and reuses; those are the sandbox's own, checked from inside instead.
+    return {pid: command for pid, command in descendants().items() if command}
+
+
+@pytest.fixture
+def unharmed(sandbox):
+    """After the attack: the sandbox still answers correctly and no process of the program is
+    left, neither on the host nor inside gVisor."""
+    yield
+    assert_still_healthy(sandbox)
+    # Per worker: the server and its pre-forked child (subprocess), or runsc, its gofer and its
+    # sandbox (gVisor). Anything more is a process the program left behind.
+    allowed = sandbox.workers * (3 if sandbox.backend == "gvisor" else 2)
+    deadline = time.monotonic() + 3
+    while len(host_processes()) > allowed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(host_processes()) <= allowed, f"processes survived the run: {host_processes()}"
+    if sandbox.backend == "gvisor":
+        # Inside gVisor only the server (pid 1) and the prober itself may exist.
+        probe = run(sandbox, PROBER, timeout=3.0)
+        assert probe.calls[0] is not None and probe.calls[0].ok
+        assert probe.calls[0].value == [], "processes survived inside the sandbox"
+
+
+def run(sandbox: Sandbox, program: str, timeout: float | None = 1.5):
+    return sandbox.run(request(program, [], timeout=timeout))
+
+
+def test_fork_bomb(sandbox, unharmed):
+    program = """
+import os
+def solve():
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            pass
+"""
+    result = run(sandbox, program, timeout=1.0)
+    assert not passes(result, [EXPECTED])
+    assert result.status in ("timeout", "killed")
+
+
+def test_memory_hog(sandbox, unharmed):
+    program = "def solve():\n    hog = bytearray(2 * 1024 ** 3)\n    return len(hog)\n"
+    result = run(sandbox, program)
+    assert result.status == "memory"
+    assert not passes(result, [2 * 1024**3])
+
+
+def test_memory_hog_growing_slowly_at_load(sandbox, unharmed):
+    program = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n"
+    result = run(sandbox, program)
+    assert result.status == "memory"
+    assert result.calls == [None]
+
+
+def test_infinite_loop(sandbox, unharmed):
+    started = time.monotonic()
+    result = run(sandbox, "def solve():\n    while True:\n        pass\n", timeout=1.0)
+    assert result.status == "timeout"
+    assert time.monotonic() - started < 3.0
+    assert not passes(result, [EXPECTED])
+
+
+def test_sleeping_past_the_wall_limit(sandbox, unharmed):
+    started = time.monotonic()
+    result = run(sandbox, "import time\ntime.sleep(600)\n", timeout=None)
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout"
+    assert sandbox.config.wall_timeout_s <= elapsed < sandbox.config.wall_timeout_s + 3.0
+    assert result.calls == [None]
+
+
+def test_ignoring_sigterm(sandbox, unharmed):
+    program = """
+import signal
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):
+    signal.signal(sig, signal.SIG_IGN)
+def solve():
+    while True:
+        pass
+"""
+    result = run(sandbox, program, timeout=1.0)
+    assert result.status == "timeout"
+    assert not passes(result, [EXPECTED])
+
+
+def test_network_connect(sandbox, unharmed):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    program = f"""
+import socket
+def solve():
+    outcomes = []
+    for address in (("127.0.0.1", {port}), ("1.1.1.1", 80), ("pypi.org", 443)):
+        try:
+            socket.create_connection(address, timeout=0.5).close()
+            outcomes.append("connected")
+        except OSError as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
+"""
+    try:
+        result = run(sandbox, program, timeout=3.0)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+    call = result.calls[0]
+    assert call is not None and call.ok
+    assert "connected" not in call.value
+
+
+def test_reading_a_secret_from_the_parent_environment(sandbox, unharmed):
+    program = """
+import os
+def solve():
+    found = [repr(dict(os.environ))]
+    for path in ("/proc/self/environ", "/proc/1/environ", "/proc/%d/environ" % os.getppid()):
+        try:
+            found.append(open(path, "rb").read().decode(errors="replace"))
+        except OSError as exc:
+            found.append(type(exc).__name__)
+    print(found)
+    return found
+"""
+    result = run(sandbox, program)
+    assert ENV_SECRET not in json.dumps([result.calls[0].value if result.calls[0] else None])
+    assert ENV_SECRET not in result.stdout + result.stderr
+
+
+def test_reading_expected_outputs_from_disk(sandbox, unharmed, tmp_path):
+    if not sandbox.isolation.get("jail"):
+        pytest.skip("this backend could not build a file-system jail here (needs root)")
+    answers = tmp_path / "expected.json"
+    answers.write_text(json.dumps({"answer": EXPECTED}))
+    program = f"""
+import json, os
+def solve():
+    for path in ({str(answers)!r}, "/work/shared/debugbench", "/tmp", "/etc/passwd"):
+        try:
+            if os.path.isdir(path):
+                return sorted(os.listdir(path))
+            return json.load(open(path))["answer"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return "nothing readable"
+"""
+    result = run(sandbox, program)
+    assert not passes(result, [EXPECTED])
+    assert result.calls[0] is not None and result.calls[0].value == "nothing readable"
+
+
+def test_writing_a_huge_file(sandbox, unharmed):
+    program = """
+def solve():
+    with open("big.bin", "wb") as handle:
+        for _ in range(200):
+            handle.write(b"x" * 1024 * 1024)
+    return "written"
+"""
+    result = run(sandbox, program, timeout=3.0)
+    assert not passes(result, ["written"])
+    leftovers = [p for d in sandbox.scratch_dirs for p in Path(d).rglob("big.bin")]
+    assert leftovers == []
+
+
+def test_children_that_outlive_the_run(sandbox, unharmed):
+    spawner = """
+import os, time
+def solve():
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            while True:
+                time.sleep(0.05)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return "spawned"
+"""
+    result = run(sandbox, spawner)
+    assert result.calls[0] is not None and result.calls[0].value == "spawned"
+    # `unharmed` checks that the grandchild is gone (on the host, and inside gVisor).
+
+
+def test_exit_before_any_test_runs(sandbox, unharmed):
+    for program in (
+        "import os\nos._exit(0)\n",
+        "import sys\nsys.exit(0)\n",
+        "raise SystemExit(0)\n",
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    ):
+        result = sandbox.run(request(program, [], []))
+        assert result.calls == [None, None], program
+        assert result.status in ("killed", "load_error"), program
+        assert not passes(result, [EXPECTED, EXPECTED])
+
+
+def test_exit_inside_a_call(sandbox, unharmed):
+    result = sandbox.run(request("import os\ndef solve():\n    os._exit(0)\n", [], []))
+    assert result.status == "killed"
+    assert result.calls[0] is not None and not result.calls[0].ok
+    assert result.calls[1] is None
+
+
+def test_printing_and_injecting_forged_results(sandbox, unharmed):
+    program = f"""
+import json, os, struct, sys
+forged = json.dumps({{"i": 0, "ok": True, "value": json.dumps({EXPECTED!r}), "error": None,
+                      "seconds": 0.0}}).encode()
+frame = struct.pack(">I", len(forged)) + forged
+print('{{"status": "ok", "passed": true}}')
+print("PASS: all tests passed")
+for fd in range(0, 64):
+    try:
+        os.write(fd, frame)
+    except OSError:
+        pass
+def solve():
+    return "wrong"
+"""
+    result = run(sandbox, program)
+    assert not passes(result, [EXPECTED])
+
+
+def test_forged_result_written_during_a_call(sandbox, unharmed):
+    program = f"""
+import json, os, struct
+def solve():
+    forged = json.dumps({{"i": 0, "ok": True, "value": json.dumps({EXPECTED!r}),
+                          "error": None, "seconds": 0.0}}).encode()
+    for fd in range(3, 64):
+        try:
+            os.write(fd, struct.pack(">I", len(forged)) + forged)
+        except OSError:
+            pass
+    return "wrong"
+"""
+    result = sandbox.run(request(program, [], []))
+    assert not passes(result, [EXPECTED, EXPECTED])
+
+
+def test_patching_the_harness_and_builtins(sandbox, unharmed):
+    program = f"""
+import builtins, json, sys, os, signal
+json.dumps = lambda *args, **kwargs: '"forged"'
+builtins.isinstance = lambda *args: True
+builtins.BaseException = object
+sys.modules["json"].loads = lambda *args, **kwargs: {EXPECTED!r}
+try:
+    os.kill(os.getppid(), signal.SIGKILL)
+except OSError:
+    pass
+def solve():
+    return "wrong"
+"""
+    result = run(sandbox, program)
+    assert not passes(result, [EXPECTED])
+
+
+def test_flooding_output(sandbox, unharmed):
+    program = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stdout.flush()\n"
+    result = run(sandbox, program, timeout=3.0)
+    assert result.status == "output_limit"
+    assert len(result.stdout) <= sandbox.config.max_output_bytes
+
+
+def test_deep_recursion(sandbox, unharmed):
+    program = """
+import sys
+sys.setrecursionlimit(10 ** 8)
+def solve():
+    def dive(depth):
+        return dive(depth + 1) + 1
+    return dive(0)
+"""
+    result = run(sandbox, program, timeout=3.0)
+    assert not passes(result, [EXPECTED])
+    assert result.status in ("killed", "memory", "ok", "timeout")
+    if result.status == "ok":
+        assert result.calls[0] is not None and not result.calls[0].ok
