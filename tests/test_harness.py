@@ -164,3 +164,50 @@ def test_verdict_statuses(sandbox, program: str, status: str) -> None:
     assert verdict.n_total == 2
     if status == "failed" and "undefined_name" in program:
         assert verdict.tests[0].status == "error" and "NameError" in (verdict.tests[0].detail or "")
+
+
+def test_k_prefix_outputs_judge_only_the_first_k(sandbox) -> None:
+    oracle = """
+class Solution:
+    def removeDuplicates(self, nums: List[int]) -> int:
+        k = 0
+        for num in nums:
+            if k == 0 or nums[k - 1] != num:
+                nums[k] = num
+                k += 1
+        return k
+"""
+    example = parse_example("Input: nums = [1,1,2]\nOutput: 2, nums = [1,2,_]")
+    entry = detect_entry(oracle, example)
+    assert entry["k_prefix"] and example.output == [2, [1, 2]]  # type: ignore[union-attr]
+    test = Case(call=make_call(entry, example), expected=example.output, check={"k_prefix": True})
+    task = _task(TREE_ORACLE, [("root = []", [])]).model_copy(
+        update={"entry": entry, "visible_tests": [test], "hidden_tests": []}
+    )
+    keeps_duplicates = oracle.replace("if k == 0 or nums[k - 1] != num:", "if True:")
+    good, bad = score_programs([(task, oracle), (task, keeps_duplicates)], "visible", sandbox)
+    assert good.passed
+    assert not bad.passed
+
+
+def test_cycle_position_and_float_parameters(sandbox) -> None:
+    cycle = """
+class Solution:
+    def hasCycle(self, head: Optional[ListNode]) -> bool:
+        slow = fast = head
+        while fast and fast.next:
+            slow, fast = slow.next, fast.next.next
+            if slow is fast:
+                return True
+        return False
+"""
+    task = _task(cycle, [("head = [3,2,0,-4], pos = 1", True), ("head = [1], pos = -1", False)])
+    assert task.visible_tests[0].call["arg_kinds"] == ["linked_list_cycle"]
+    halves = """
+class Solution:
+    def half(self, hour: float) -> bool:
+        return isinstance(hour, float) and hour.is_integer()
+"""
+    floats = _task(halves, [("hour = 6", True), ("hour = 2.5", False)])
+    verdicts = score_programs([(task, cycle), (floats, halves)], "visible", sandbox)
+    assert [v.status for v in verdicts] == ["passed", "passed"]

@@ -79,6 +79,8 @@ def _kind_of(annotation: ast.expr | None) -> str:
         return "linked_list_list" if is_list else "linked_list"
     if re.search(r"\bNode\b", text):
         return "node"
+    if text == "float":
+        return "float"  # LeetCode passes `hour = 6` to a float parameter as 6.0
     return "plain"
 
 
@@ -136,6 +138,9 @@ def detect_entry(oracle: str, example: ParsedExample) -> dict[str, Any]:
         raise EntryError("the oracle defines no class Solution")
     method = _choose_method(classes["Solution"], example.names)
     params = _params(method)
+    cycle = _is_cycle_example(params, example)
+    if cycle:
+        example = FunctionExample(example.names[:-1], example.values[:-1], example.output)
     n_required = len(params) - len(method.args.defaults)
     if len(params) > len(example.names) >= n_required:
         params = params[: len(example.names)]
@@ -153,7 +158,19 @@ def detect_entry(oracle: str, example: ParsedExample) -> dict[str, Any]:
         "arg_kinds": kinds,
         "returns": returns,
         "inplace": returns_none,
+        "k_prefix": example.k_prefix,
+        "cycle_pos": cycle,
     }
+
+
+def _is_cycle_example(params: list[ast.arg], example: FunctionExample) -> bool:
+    """`head = [3,2,0,-4], pos = 1` for a method taking only head: the tail links to node pos."""
+    return (
+        len(example.names) == len(params) + 1
+        and example.names[-1] == "pos"
+        and len(params) == 1
+        and _kind_of(params[0].annotation) == "linked_list"
+    )
 
 
 def order_arguments(entry: dict[str, Any], example: FunctionExample) -> list[Any]:
@@ -199,6 +216,16 @@ def make_call(entry: dict[str, Any], example: ParsedExample) -> dict[str, Any]:
         }
     if not isinstance(example, FunctionExample):
         raise EntryError("a function entry needs a function example")
+    if entry.get("cycle_pos"):
+        by_name = dict(zip(example.names, example.values, strict=True))
+        return {
+            "kind": "function",
+            "method": entry["method"],
+            "args": [[by_name.get(entry["params"][0], example.values[0]), by_name.get("pos", -1)]],
+            "arg_kinds": ["linked_list_cycle"],
+            "returns": entry["returns"],
+            "inplace": False,
+        }
     args = order_arguments(entry, example)
     return {
         "kind": "function",
@@ -207,4 +234,5 @@ def make_call(entry: dict[str, Any], example: ParsedExample) -> dict[str, Any]:
         "arg_kinds": finalize_kinds(entry, args),
         "returns": entry["returns"],
         "inplace": entry["inplace"],
+        "with_first_arg": bool(entry.get("k_prefix")),
     }

@@ -17,6 +17,11 @@ _EXAMPLE_RE = re.compile(
 )
 
 
+_K_PREFIX_RE = re.compile(
+    r"^(?P<k>-?\d+)\s*,\s*(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<values>\[.*?\])", re.DOTALL
+)
+
+
 class LiteralParseError(ValueError):
     """A statement literal or example could not be understood."""
 
@@ -26,6 +31,8 @@ class FunctionExample:
     names: list[str]
     values: list[Any]
     output: Any
+    # LeetCode's "return k, and the first k elements of nums" form: output is [k, prefix]
+    k_prefix: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,4 +186,11 @@ def parse_example(text: str) -> ParsedExample:
     if input_text.startswith("[") and re.match(r"\[\s*\"", input_text):
         return _parse_design(input_text, output_text)
     names, values = parse_assignments(input_text)
+    k_prefix = _K_PREFIX_RE.match(output_text)
+    if k_prefix and k_prefix.group("name") in names:
+        k = int(k_prefix.group("k"))
+        prefix = parse_literal(re.sub(r"\b_\b", "null", k_prefix.group("values")))
+        if not isinstance(prefix, list) or len(prefix) < k:
+            raise LiteralParseError("k-prefix output shorter than k")
+        return FunctionExample(names, values, [k, prefix[:k]], k_prefix=True)
     return FunctionExample(names=names, values=values, output=parse_literal(output_text))

@@ -7,7 +7,9 @@ a JSON-serializable value; expected outputs never come in here.
 call = {"kind": "function", "method": str, "args": [...], "arg_kinds": [...],
         "returns": "plain" | "tree" | "linked_list", "inplace": bool}
      | {"kind": "design", "class": str, "ops": [...], "args": [[...], ...], "ctor_kinds": [...]}
-arg kinds: plain | tree | linked_list | tree_list | linked_list_list | tree_ref
+arg kinds: plain | float | tree | linked_list | tree_list | linked_list_list | tree_ref |
+           linked_list_cycle ([values, pos]: the tail links to node pos)
+"with_first_arg": return [result, first argument] (LeetCode's "k, nums = [...]" outputs)
 """
 
 import math
@@ -59,6 +61,21 @@ def _linked_from_list(values, node_class):
     head = None
     for value in reversed(values or []):
         head = node_class(value, head)
+    return head
+
+
+def _linked_with_cycle(values, pos, node_class):
+    head = _linked_from_list(values, node_class)
+    if pos is None or pos < 0:
+        return head
+    if pos >= len(values):
+        raise ValueError(f"pos {pos} is outside the list")
+    nodes = []
+    node = head
+    while node is not None:
+        nodes.append(node)
+        node = node.next
+    nodes[-1].next = nodes[pos]
     return head
 
 
@@ -165,6 +182,10 @@ def _convert_args(namespace, values, kinds):
             value = [_tree_from_list(item, tree_class) for item in value]
         elif kind == "linked_list_list":
             value = [_linked_from_list(item, list_class) for item in value]
+        elif kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif kind == "linked_list_cycle":
+            value = _linked_with_cycle(value[0], value[1], list_class)
         elif kind == "tree_ref":
             value = _find_by_value(first_tree, value)
         converted.append(value)
@@ -180,6 +201,8 @@ def _run_function(namespace, call):
     result = method(*args)
     if call.get("inplace"):
         return _jsonable(args[0])
+    if call.get("with_first_arg"):
+        return [_jsonable(result), _jsonable(args[0])]
     returns = call.get("returns")
     if result is None and returns in ("tree", "linked_list"):
         return []

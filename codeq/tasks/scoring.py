@@ -65,6 +65,19 @@ def _canonical_unordered(value: Any, deep: bool) -> Any:
     return sorted(items, key=_sort_key)
 
 
+def _k_prefix_match(actual: Any, expected: Any, check: dict[str, Any], tolerance: float) -> bool:
+    """[k, nums] against [k, first k expected]: only nums[:k] is judged, as on LeetCode."""
+    if not (isinstance(actual, list) and len(actual) == 2 and isinstance(actual[1], list)):
+        return False
+    k, prefix = expected
+    if not values_equal(actual[0], k, tolerance) or not isinstance(k, int):
+        return False
+    got = actual[1][:k]
+    if check.get("unordered"):
+        got, prefix = sorted(got, key=_sort_key), sorted(prefix, key=_sort_key)
+    return values_equal(got, prefix, tolerance)
+
+
 def outputs_match(actual: Any, expected: Any, check: dict[str, Any]) -> bool:
     """Compare one result with its expected output under the test's check options."""
     tolerance = float(check.get("float_tolerance", DEFAULT_FLOAT_TOLERANCE))
@@ -72,6 +85,8 @@ def outputs_match(actual: Any, expected: Any, check: dict[str, Any]) -> bool:
         return True
     if actual is None and expected == []:
         return True  # LeetCode's judge prints a None list result as []
+    if check.get("k_prefix"):
+        return _k_prefix_match(actual, expected, check, tolerance)
     if check.get("unordered") and isinstance(actual, list) and isinstance(expected, list):
         for deep in (False, True):
             if values_equal(
