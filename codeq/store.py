@@ -184,6 +184,23 @@ class ArtifactStore(ABC):
                 )
         return manifest
 
+    def get_verified_file(self, prefix: str, relative: str, path: Path) -> bool:
+        """Download one file of a stage output and check it against the manifest; False when
+        the manifest does not list it."""
+        expected = self.read_manifest(prefix)["files"].get(relative)
+        if expected is None:
+            return False
+        key = join_key(prefix, relative)
+        self.get_file(key, path)
+        actual = sha256_of_file(path)
+        if actual != expected["sha256"]:
+            raise CorruptInputError(
+                f"{self.describe(key)} fails its checksum "
+                f"(sha256 {actual[:12]}..., manifest says {expected['sha256'][:12]}...)",
+                hint="the object was changed or truncated; rerun the stage that produces it",
+            )
+        return True
+
     def verify_manifest(self, prefix: str) -> dict[str, Any]:
         """Download into a temporary folder and check every checksum (no files kept)."""
         with tempfile.TemporaryDirectory(prefix="codeq-verify-") as scratch:

@@ -539,24 +539,47 @@ def copy_to_current(ctx: StageContext, adapter_dir: Path) -> None:
 
 
 def report_stage(ctx: StageContext) -> dict[str, Any]:
+    """Render report.json, report.md and index.html from the round's evaluation, training
+    metrics, pair statistics and promotion decision."""
     prefix = ctx.layout.stage("report")
     done = _already_done(ctx, prefix, "report")
     if done:
         return done
     inputs = ctx.workdir("report-in")
-    for stage in ("tasks", "pairs", "adapter", "eval", "promote"):
+    wanted = {
+        "pairs": ["stats.json"],
+        "adapter": ["metrics.json"],
+        "eval": ["results.json", "baseline/results.json"],
+        "promote": ["decision.json"],
+    }
+    found: dict[str, Path] = {}
+    for stage, names in wanted.items():
         stage_prefix = ctx.layout.stage(stage)
         ctx.store.require_complete(stage_prefix, stage)
-        ctx.store.get_dir(stage_prefix, inputs / stage)
-    for index in completed_shards(ctx):
-        ctx.store.get_dir(ctx.layout.shard(index), inputs / "trajectories" / f"shard-{index}")
+        for name in names:
+            target = inputs / stage / name
+            if ctx.store.get_verified_file(stage_prefix, name, target):
+                found[f"{stage}/{name}"] = target
     from codeq.report import render_report
 
     out_dir = ctx.workdir("report")
     log("report: rendering report.json, report.md and index.html")
-    render_report(inputs, out_dir, ctx.config)
+    index = render_report(
+        out_dir,
+        results=found.get("eval/results.json"),
+        base_results=found.get("eval/baseline/results.json"),
+        train_metrics=found.get("adapter/metrics.json"),
+        pair_stats=found.get("pairs/stats.json"),
+        title=f"CodeQ run {ctx.layout.run}, round {ctx.layout.round}",
+    )
+    decision = json.loads(found["promote/decision.json"].read_text())
+    write_json(out_dir / "decision.json", decision)
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "report", {"index": ctx.store.describe(f"{prefix}/index.html")})
+    info = {
+        "index": ctx.store.describe(join_key(prefix, index.name)),
+        "promoted": decision["promote"],
+    }
+    return _finish(ctx, prefix, "report", info)
 
 
 StageFunction = Callable[..., dict[str, Any]]

@@ -1,0 +1,102 @@
+"""A whole round (prepare -> collect -> pairs -> train -> evaluate -> promote -> report) with the
+tiny model against a real S3 endpoint (moto server) that answers some requests with 5xx, then
+the same round again (every stage skips), then `codeq round` on a local folder."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from test_store_helpers import BUCKET, s3_endpoint_fixture  # noqa: F401
+
+from codeq.config import load_config
+from codeq.pipeline.local_round import LOCAL_ROUND_PRESET, run_round
+from codeq.pipeline.stages import STAGES
+from codeq.store import RoundLayout, open_store
+
+TINY_SETTINGS = {
+    "policy": {
+        "max_new_tokens": 32,
+        "critique_max_new_tokens": 8,
+        "device": "cpu",
+        "dtype": "float32",
+    },
+    "search": {"rollouts": 1, "rewrites_per_expansion": 2, "max_depth": 1},
+    "pairs": {"min_value_gap": 0.0},
+    "train": {
+        "max_steps": 1,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "per_device_batch_size": 1,
+        "gradient_accumulation_steps": 1,
+        "eval_fraction": 0.0,
+        "precision": "fp32",
+        "max_length": 1024,
+    },
+    "evaluate": {"modes": ["full_rewrite"], "rollout_ablation": [1], "max_tasks": 2},
+    "sandbox": {"workers": 1},
+}
+
+
+def stage_prefixes(layout: RoundLayout) -> list[str]:
+    return [
+        layout.stage(name) for name in ("tasks", "pairs", "adapter", "eval", "promote", "report")
+    ] + [layout.shard(0)]
+
+
+@pytest.mark.slow
+def test_round_against_s3_with_injected_errors(s3_endpoint, tiny_model_dir, tmp_path):
+    uri = f"s3://{BUCKET}/round-{int(time.time())}"
+    config = load_config(
+        LOCAL_ROUND_PRESET,
+        {
+            **TINY_SETTINGS,
+            "policy": {**TINY_SETTINGS["policy"], "model": str(tiny_model_dir)},
+            "store": {
+                "uri": uri,
+                "endpoint_url": s3_endpoint.proxy.url,
+                "run": "s3round",
+                "max_attempts": 6,
+            },
+        },
+    )
+    s3_endpoint.proxy.fail_next(6, status=503)
+    summary = run_round(config, tmp_path / "out", source="builtin")
+    assert list(summary["timings"]) == STAGES
+    store = open_store(config.store)
+    layout = RoundLayout("s3round", 0)
+    for prefix in stage_prefixes(layout):
+        assert store.is_complete(prefix), prefix
+        store.verify_manifest(prefix)
+    decision = store.get_json(layout.stage("promote") + "/decision.json")
+    assert isinstance(decision["promote"], bool) and decision["reason"]
+    assert store.exists(layout.stage("report") + "/index.html")
+    assert summary["report"].startswith("s3://")
+
+    again = run_round(config, tmp_path / "again", source="builtin")
+    assert all(result["skipped"] for result in again["results"].values())
+
+
+@pytest.mark.slow
+def test_codeq_round_command_on_a_local_folder(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import yaml
+
+    from codeq.cli import run as cli_run
+
+    settings = yaml.safe_load(LOCAL_ROUND_PRESET.read_text())
+    for section, values in TINY_SETTINGS.items():
+        settings.setdefault(section, {}).update(values)
+    config_file = tmp_path / "tiny.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
+    out = tmp_path / "local"
+    code = cli_run(
+        ["--config", str(config_file), "round", "--out", str(out), "--model", str(tiny_model_dir)]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    report = Path(captured.out.strip().splitlines()[-1].removeprefix("report: "))
+    assert report == out / "store" / "runs" / "local" / "round-0" / "report" / "index.html"
+    assert report.is_file() and "<html" in report.read_text().lower()
+    for stage in ("prepare", "collect", "pairs", "train", "evaluate", "promote", "report"):
+        assert f"stage {STAGES.index(stage) + 1}/7: {stage}" in captured.err
