@@ -135,3 +135,20 @@ def test_train_and_merge_fail_clearly_on_missing_inputs(tmp_path, tiny_model_dir
         train_dpo(tmp_path / "absent.jsonl", tmp_path / "out", tiny_config(tiny_model_dir))
     with pytest.raises(MissingInputError, match="adapter"):
         merge_adapter(str(tiny_model_dir), tmp_path / "nothing", tmp_path / "m", load_config())
+
+
+def test_held_out_pairs_come_from_unseen_tasks_and_long_pairs_are_counted(tiny_model_dir) -> None:
+    from codeq.train.dpo import split_pairs
+    from codeq.train.model import load_tokenizer
+
+    pairs = make_pairs(20, tasks=5, long_every=10)
+    config = tiny_config(tiny_model_dir, eval_fraction=0.2).train
+    train, held_out, over = split_pairs(pairs, load_tokenizer(str(tiny_model_dir)), config)
+    assert over == 2
+    assert len(train) + len(held_out) == 18 and len(held_out) >= 3
+
+    def task_of(example: dict) -> str:
+        return example["prompt"][1]["content"].split(":")[0]
+
+    assert {task_of(e) for e in train}.isdisjoint({task_of(e) for e in held_out})
+    assert train[0]["chosen"][0]["role"] == "assistant"

@@ -129,13 +129,12 @@ def _hold_out_by_task(
         examples = list(by_task[task_ids[0]])
         random.Random(config.seed).shuffle(examples)
         return examples[target:], examples[:target]
-    for task_id in task_ids:
-        if len(held_out) < target and len(train) + len(by_task[task_id]) <= len(kept) - 1:
-            held_out.extend(by_task[task_id])
+    for task_id in task_ids:  # whole tasks, so held-out pairs test unseen problems
+        task_examples = by_task[task_id]
+        if len(held_out) < target and len(held_out) + len(task_examples) < len(kept):
+            held_out.extend(task_examples)
         else:
-            train.extend(by_task[task_id])
-    if not train:  # every task went to held-out: give the last one back
-        train, held_out = held_out[target:], held_out[:target]
+            train.extend(task_examples)
     return train, held_out
 
 
