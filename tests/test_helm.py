@@ -356,12 +356,9 @@ def test_pools_and_gpus_differ_per_stage_in_production_values():
         for s, j in jobs.items()
     }
     assert gpus["collect"] == gpus["train"] == gpus["evaluate"] == 1
-    assert (
-        stage_jobs("irsa")["train"]["spec"]["template"]["spec"]["containers"][0]["resources"][
-            "limits"
-        ]["nvidia.com/gpu"]
-        == 8
-    )
+    irsa_train = stage_jobs("irsa")["train"]["spec"]["template"]["spec"]["containers"][0]
+    assert irsa_train["resources"]["requests"]["memory"] == "512Gi"
+    assert irsa_train["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
 def test_identity_mode_annotates_the_service_account_and_creates_no_secret():
