@@ -104,6 +104,12 @@ class PolicyConfig(Section):
     critique_temperature: float = Field(0.2, ge=0.0, le=2.0, description="Critique sampling temp.")
     critique_max_new_tokens: int = Field(128, ge=8, description="Token budget of one critique.")
     critique: bool = Field(True, description="Ask the model to score each rewrite (Q_ai).")
+    cpu_threads: int = Field(
+        0,
+        ge=0,
+        description="torch CPU threads for generation; 0 keeps torch's default (one per core). "
+        "1 is much faster on a CPU shared with other busy processes.",
+    )
 
 
 class SearchConfig(Section):

@@ -10,7 +10,12 @@ from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy import GenerationRequest, PolicyEngine, resolve_dtype, resolve_quantization
 from codeq.policy.critique import parse_score, q_ai_from
-from codeq.policy.engine import closes_code_block, code_block_stopper, cut_after_code_block
+from codeq.policy.engine import (
+    closes_code_block,
+    code_block_stopper,
+    cut_after_code_block,
+    gives_score,
+)
 from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.schemas import ChatMessage
 
@@ -83,7 +88,8 @@ def test_code_block_stopper_stops_each_sequence_at_its_closing_fence(tiny_engine
     assert stopper.lengths[0] == first_done[0]
 
 
-def test_fence_helpers():
+def test_fence_and_score_helpers():
+    assert gives_score("I think so.\nScore: 7/10\n") and not gives_score("Score: 7")
     assert closes_code_block("Sure:\n```python\nx = 1\n```")
     assert not closes_code_block("```python\nx = 1\n")
     assert cut_after_code_block("```\na\n``` trailing words") == "```\na\n```"

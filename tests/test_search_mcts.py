@@ -64,7 +64,7 @@ class ScriptedPolicy:
         self.calls.append(list(requests))
         results = []
         for request in requests:
-            if request.stop == "none":  # critique
+            if request.stop == "score":  # critique
                 results.append(GenerationResult([self.critique_text], 10, [5]))
                 continue
             texts = [self.rewrites.pop(0) if self.rewrites else "" for _ in range(request.n)]

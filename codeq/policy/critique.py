@@ -13,8 +13,8 @@ CRITIQUE_SYSTEM = (
     "You are a strict code reviewer. You judge whether a Python program solves a problem."
 )
 CRITIQUE_INSTRUCTION = (
-    "How likely is this program to be correct on all tests? Answer on the first line with "
-    "'Score: N/10' (0 = certainly wrong, 10 = certainly correct), then one sentence why."
+    "How likely is this program to be correct on all tests? Answer with one line "
+    "'Score: N/10' (0 = certainly wrong, 10 = certainly correct)."
 )
 NEUTRAL_SCORE = 0.5
 
@@ -40,7 +40,7 @@ def critique_request(
         temperature=temperature,
         top_p=1.0,
         max_new_tokens=max_new_tokens,
-        stop="none",
+        stop="score",
     )
 
 

@@ -17,6 +17,7 @@ ends a sequence at the close of its first fenced code block.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,9 @@ from codeq.schemas import ChatMessage
 log = logging.getLogger(__name__)
 
 FENCE = "```"
-StopKind = Literal["code", "none"]
+StopKind = Literal["code", "score", "none"]
+# 'score': a critique is done at the end of the line that gives its score ("Score: 7/10").
+_SCORE_LINE = re.compile(r"score\W{0,3}\d+(?:\.\d+)?(?:\s*(?:/|out of)\s*\d+)?[^\n]*\n", re.I)
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class GenerationRequest:
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 768
-    stop: StopKind = "code"  # 'code': end a sample when its first fenced block closes
+    stop: StopKind = "code"  # 'code': end at the close of the first fenced block; 'score': at
+    # the end of the line giving a score; 'none': EOS or max_new_tokens only
 
 
 @dataclass
@@ -159,11 +163,17 @@ def code_block_stopper(tokenizer: Any, prompt_width: int, batch: int, kinds: lis
                     self.lengths[row] = step
                     done[row] = True
                     continue
-                if kinds[row] == "code":
-                    self.tails[row] += tokenizer.decode([token])
-                    if closes_code_block(self.tails[row]):
-                        self.lengths[row] = step
-                        done[row] = True
+                if kinds[row] == "none":
+                    continue
+                self.tails[row] += tokenizer.decode([token])
+                finished = (
+                    closes_code_block(self.tails[row])
+                    if kinds[row] == "code"
+                    else gives_score(self.tails[row])
+                )
+                if finished:
+                    self.lengths[row] = step
+                    done[row] = True
             return done
 
     return CodeBlockStop()
@@ -175,6 +185,11 @@ def closes_code_block(text: str) -> bool:
         return False
     body_start = text.find("\n", opening)
     return body_start >= 0 and text.find(FENCE, body_start) >= 0
+
+
+def gives_score(text: str) -> bool:
+    """A full line holding a score such as 'Score: 7/10' has been written."""
+    return _SCORE_LINE.search(text) is not None
 
 
 def cut_after_code_block(text: str) -> str:
@@ -246,6 +261,8 @@ class PolicyEngine:
         path = resolve_model_path(config.model, config.cache_dir)
         if seed is not None:
             torch.manual_seed(seed)
+        if device == "cpu" and config.cpu_threads:
+            torch.set_num_threads(config.cpu_threads)
         kwargs: dict[str, Any] = {"dtype": dtype}
         if quantization == "nf4":
             kwargs["quantization_config"] = _nf4_config(dtype)
