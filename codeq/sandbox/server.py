@@ -3,12 +3,12 @@ subprocess). Standard library only: it runs as `python3 -S -I server.py CONFIG_J
 
 Protocol on stdin/stdout, every frame a 4-byte big-endian length then the body:
   server -> host  hello: JSON {"hello": {...capabilities}}
-  host -> server  request: JSON {"secret", "program", "prelude", "runner", "calls",
-                  "call_timeout_s", "wall_timeout_s"}
+  host -> server  request: JSON {"program", "prelude", "runner", "calls", "call_timeout_s",
+                  "wall_timeout_s"}, then a second frame with the run's 32-byte secret
   server -> host  reply: JSON result followed by a 32-byte HMAC-SHA256 of that JSON keyed
                   with the request's secret.
 
-Per request a clean child is forked *before* the request (and so its secret) is read. The
+Each child is forked before the request it will run (and that request's secret) is read. The
 child closes every inherited descriptor but its pipes, chroots into a jail holding only the
 Python standard library, sets rlimits, drops to an unprivileged uid, and only then receives the
 program. The server enforces the wall and per-call limits, kills every process of that uid
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import hashlib
 import hmac
 import json
@@ -345,6 +346,7 @@ class Child:
         self.uid = fresh_uid() if setup["uid_drop"] else None
         self.run_dir = prepare_run_dir(setup, self.uid)
         setup = {**setup, "uid": self.uid, "run_dir": self.run_dir}
+        gc.freeze()  # the child's collector then leaves the inherited objects' pages unshared
         pid = os.fork()
         if pid == 0:
             try:
@@ -553,10 +555,17 @@ class Collector:
         self.messages.append(message)
 
 
-def handle(request: dict, child: Child, setup: dict) -> dict:
+def start_run(request: dict, child: Child, setup: dict) -> Collector:
+    """Hand the request to the pre-forked child; its limits count from here."""
+    collector = Collector(child, request, setup["limits"], setup["wakeup_fd"])
     write_frame(child.request_w, json.dumps({k: request[k] for k in CHILD_KEYS}).encode())
     os.close(child.request_w)
-    collector = Collector(child, request, setup["limits"], setup["wakeup_fd"])
+    return collector
+
+
+def finish_run(collector: Collector, setup: dict) -> dict:
+    """Wait for the program within its limits, kill what is left, and report raw results."""
+    child = collector.child
     collector.collect()
     exit_status = collector.exit_status
     if exit_status is None and collector.status is None and not collector.garbled:
@@ -622,15 +631,23 @@ def serve(config: dict) -> None:
     child = Child(setup)
     while True:
         try:
-            frame = read_frame(stdin)
+            request = json.loads(read_frame(stdin))
         except EOFError:
             break
-        request = json.loads(frame)
-        secret = bytes.fromhex(request.pop("secret"))
-        reply = json.dumps(handle(request, child, setup)).encode()
+        collector = start_run(request, child, setup)
+        # The next child is forked while this program runs (the fork is slow under gVisor) and
+        # before this run's secret, which follows in its own frame, is read: no child ever
+        # holds the secret that signs its own results.
+        next_child = Child(setup)
+        reply = json.dumps(finish_run(collector, setup)).encode()
+        try:
+            secret = read_frame(stdin)
+        except EOFError:
+            child = next_child
+            break
         write_frame(stdout, reply + hmac.new(secret, reply, hashlib.sha256).digest())
-        del secret, request
-        child = Child(setup)
+        del secret
+        child = next_child
     kill_everything(child, not config["in_gvisor"])
     shutil.rmtree(child.run_dir, ignore_errors=True)
 

@@ -135,7 +135,6 @@ class Worker:
             self.restart()
         secret = secrets.token_bytes(32)
         frame = {
-            "secret": secret.hex(),
             "program": request.program,
             "prelude": request.prelude,
             "runner": request.runner,
@@ -144,7 +143,7 @@ class Worker:
             "wall_timeout_s": self.config.wall_timeout_s,
         }
         try:
-            self.write_frame(json.dumps(frame).encode())
+            self.write_frame(json.dumps(frame).encode(), secret)
             deadline = time.monotonic() + self.config.wall_timeout_s + REPLY_MARGIN_S
             body = self.read_frame(deadline)
             reply = verify(body, secret)
@@ -165,10 +164,11 @@ class Worker:
 
     # -------------------------------------------------------------- framing
 
-    def write_frame(self, body: bytes) -> None:
+    def write_frame(self, *bodies: bytes) -> None:
         assert self.process is not None and self.process.stdin is not None
         try:
-            self.process.stdin.write(struct.pack(">I", len(body)) + body)
+            for body in bodies:
+                self.process.stdin.write(struct.pack(">I", len(body)) + body)
             self.process.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
             raise WorkerCrashed(f"server is gone ({exc})") from None
