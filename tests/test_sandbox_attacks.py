@@ -74,10 +74,11 @@ def unharmed(sandbox):
         time.sleep(0.05)
     assert len(host_processes()) <= allowed, f"processes survived the run: {host_processes()}"
     if sandbox.backend == "gvisor":
-        # Inside gVisor only the server (pid 1) and the prober itself may exist.
+        # Inside gVisor only the server (pid 1), the prober and the child the server forks
+        # for the next run may exist.
         probe = run(sandbox, PROBER, timeout=3.0)
         assert probe.calls[0] is not None and probe.calls[0].ok
-        assert probe.calls[0].value == [], "processes survived inside the sandbox"
+        assert len(probe.calls[0].value) <= 1, f"processes survived inside: {probe.calls[0].value}"
 
 
 def run(sandbox: Sandbox, program: str, timeout: float | None = 1.5):
