@@ -33,6 +33,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--critique-tokens", type=int, default=24)
     parser.add_argument("--parallel-trees", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: torch default; 1 on a busy CPU)",
+    )
     parser.add_argument("--json", help="also write the numbers here")
     return parser.parse_args()
 
@@ -98,6 +104,7 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens,
             "critique_max_new_tokens": args.critique_tokens,
             "batch_size": max(16, args.parallel_trees * args.k),
+            "cpu_threads": args.threads,
         },
         "search": {
             "rewrites_per_expansion": args.k,

@@ -170,3 +170,4 @@ def test_parse_score(text, score):
 def test_q_ai_averages_parsed_scores_and_is_neutral_without_any():
     assert q_ai_from(["Score: 2/10", "Score: 4/10"]) == pytest.approx(0.3)
     assert q_ai_from(["nothing"]) == 0.5
+    assert q_ai_from(["7/10 because"], prefix="Score: ") == pytest.approx(0.7)

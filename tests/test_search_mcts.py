@@ -55,7 +55,7 @@ class ScriptedPolicy:
 
     name = "scripted"
 
-    def __init__(self, rewrites: list[str], critique: str = "Score: 6/10") -> None:
+    def __init__(self, rewrites: list[str], critique: str = "6/10") -> None:
         self.rewrites = list(rewrites)
         self.critique_text = critique
         self.calls: list[list[GenerationRequest]] = []

@@ -15,7 +15,9 @@ def command(
     shard_index: int = typer.Option(0, "--shard-index", help="This shard (0-based)."),
     shard_count: int = typer.Option(1, "--shard-count", help="Number of shards."),
     mode: str | None = typer.Option(None, "--mode", help="mcts | bon (default: search.mode)."),
-    rollouts: int | None = typer.Option(None, "--rollouts", help="MCTS rollouts per task."),
+    rollouts: int | None = typer.Option(
+        None, "--rollouts", help="MCTS rollouts per task (for bon: N samples)."
+    ),
     model: str | None = typer.Option(None, "--model", help="Policy model (id, folder, .gguf)."),
     adapter: str | None = typer.Option(None, "--adapter", help="LoRA adapter folder."),
     max_tasks: int | None = typer.Option(None, "--max-tasks", help="Search at most N tasks."),
@@ -24,7 +26,7 @@ def command(
     config = config_with(
         {
             "policy": {"model": model, "adapter": adapter},
-            "search": {"mode": mode, "rollouts": rollouts},
+            "search": {"mode": mode},
         }
     )
     from codeq.search import collect
@@ -35,6 +37,8 @@ def command(
         config,
         shard_index=shard_index,
         shard_count=shard_count,
+        mode=mode,
+        rollouts=rollouts,
         max_tasks=max_tasks,
     )
     typer.echo(

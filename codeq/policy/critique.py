@@ -17,6 +17,7 @@ CRITIQUE_INSTRUCTION = (
     "'Score: N/10' (0 = certainly wrong, 10 = certainly correct)."
 )
 NEUTRAL_SCORE = 0.5
+SCORE_PREFIX = "Score: "  # the answer is started for the model, so it writes a number next
 
 
 def critique_messages(task: Task, program: str) -> list[ChatMessage]:
@@ -40,6 +41,7 @@ def critique_request(
         temperature=temperature,
         top_p=1.0,
         max_new_tokens=max_new_tokens,
+        prefix=SCORE_PREFIX,
         stop="score",
     )
 
@@ -84,7 +86,8 @@ def _clamp(value: float) -> float:
     return min(1.0, max(0.0, value))
 
 
-def q_ai_from(texts: Sequence[str]) -> float:
-    """Mean parsed score over critique samples; the neutral 0.5 when none parses."""
-    scores = [s for s in (parse_score(t) for t in texts) if s is not None]
+def q_ai_from(texts: Sequence[str], prefix: str = "") -> float:
+    """Mean parsed score over critique samples (each read after `prefix`, the answer's start
+    that the model continued); the neutral 0.5 when none parses."""
+    scores = [s for s in (parse_score(prefix + t) for t in texts) if s is not None]
     return sum(scores) / len(scores) if scores else NEUTRAL_SCORE

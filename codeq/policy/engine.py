@@ -46,6 +46,7 @@ class GenerationRequest:
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 768
+    prefix: str = ""  # start of the assistant's answer, written for the model (e.g. "Score: ")
     stop: StopKind = "code"  # 'code': end at the close of the first fenced block; 'score': at
     # the end of the line giving a score; 'none': EOS or max_new_tokens only
 
@@ -137,7 +138,9 @@ def resolve_model_path(model: str, cache_dir: str) -> str:
 # ---------------------------------------------------------------- stopping
 
 
-def code_block_stopper(tokenizer: Any, prompt_width: int, batch: int, kinds: list[StopKind]) -> Any:
+def code_block_stopper(
+    tokenizer: Any, prompt_width: int, batch: int, kinds: list[StopKind], prefix: str = ""
+) -> Any:
     import torch
     from transformers import StoppingCriteria
 
@@ -148,7 +151,7 @@ def code_block_stopper(tokenizer: Any, prompt_width: int, batch: int, kinds: lis
         Records each sequence's real completion length (padding excluded)."""
 
         def __init__(self) -> None:
-            self.tails = [""] * batch
+            self.tails = [prefix] * batch
             self.lengths: list[int | None] = [None] * batch
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
@@ -303,13 +306,15 @@ class PolicyEngine:
 
     # -------------------------------------------------------------- tokens
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Token ids of the chat prompt (template + generation prompt), cut from the top."""
+    def encode_chat(self, messages: Sequence[ChatMessage], prefix: str = "") -> list[int]:
+        """Token ids of the chat prompt (template + generation prompt + the answer's `prefix`),
+        cut from the top."""
         rendered = self.tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
             tokenize=False,
             add_generation_prompt=True,
         )
+        rendered += prefix
         ids: list[int] = self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
         return ids[-self.max_prompt_tokens :]
 
@@ -323,7 +328,7 @@ class PolicyEngine:
 
         if seed is not None:
             torch.manual_seed(seed)
-        prompts = [self.encode_chat(request.messages) for request in requests]
+        prompts = [self.encode_chat(r.messages, r.prefix) for r in requests]
         texts: list[list[str]] = [[] for _ in requests]
         lengths: list[list[int]] = [[] for _ in requests]
         seconds = [0.0] * len(requests)
@@ -404,7 +409,13 @@ class PolicyEngine:
 def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, request in enumerate(requests):
-        key = (request.temperature, request.top_p, request.max_new_tokens, request.stop)
+        key = (
+            request.temperature,
+            request.top_p,
+            request.max_new_tokens,
+            request.stop,
+            request.prefix,
+        )
         groups.setdefault(key, []).append(index)
     return list(groups.values())
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from codeq.config import CodeQConfig
-from codeq.policy.critique import critique_request, q_ai_from
+from codeq.policy.critique import SCORE_PREFIX, critique_request, q_ai_from
 from codeq.policy.engine import GenerationRequest, GenerationResult
 from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.schemas import Task, TestSplit, Trajectory, Verdict
@@ -171,7 +171,7 @@ def critique(nodes: Sequence[tuple[Tree, Any]], policy: Policy, settings: Search
     ]
     results = policy.generate(requests)
     for (tree, node), result in zip(nodes, results, strict=True):
-        node.critique = result.texts[0] if result.texts else ""
-        node.q_ai = q_ai_from(result.texts)
+        node.critique = SCORE_PREFIX + result.texts[0] if result.texts else ""
+        node.q_ai = q_ai_from(result.texts, SCORE_PREFIX)
         tree.prompt_tokens += result.prompt_tokens
         tree.completion_tokens += sum(result.completion_tokens)
