@@ -143,3 +143,37 @@ def test_close_leaves_no_process_or_scratch_directory(backend):
         time.sleep(0.1)
     assert still_running(started) == {}
     assert not any(os.path.exists(path) for path in scratch)
+
+
+def test_reply_frames_need_the_runs_secret():
+    import hashlib
+    import hmac
+
+    from codeq.sandbox.worker import WorkerCrashed, verify
+
+    payload = b'{"status": null, "messages": []}'
+    secret = b"s" * 32
+    assert verify(payload + hmac.new(secret, payload, hashlib.sha256).digest(), secret) == {
+        "status": None,
+        "messages": [],
+    }
+    forged = payload + hmac.new(b"x" * 32, payload, hashlib.sha256).digest()
+    with pytest.raises(WorkerCrashed):
+        verify(forged, secret)
+    with pytest.raises(WorkerCrashed):
+        verify(b"short", secret)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_killed_worker_is_replaced(backend):
+    import signal
+
+    already_running = descendants()
+    with Sandbox(small_config(backend)) as box:
+        assert_still_healthy(box)
+        ours = [pid for pid in descendants() if pid not in already_running]
+        servers = [pid for pid in ours if os.getpgid(pid) == pid]
+        for pid in servers:
+            os.killpg(pid, signal.SIGKILL)
+        assert_still_healthy(box)
+        assert_still_healthy(box)

@@ -37,6 +37,10 @@ DIAGNOSTIC_CHARS = 20_000
 class WorkerCrashed(Exception):
     """The server died, timed out or sent a frame without the right secret."""
 
+    def __init__(self, message: str, server_gone: bool = False) -> None:
+        super().__init__(message)
+        self.server_gone = server_gone
+
 
 class Worker:
     def __init__(self, config: SandboxConfig, backend: str, runsc: str | None) -> None:
@@ -130,9 +134,21 @@ class Worker:
     # -------------------------------------------------------------- one request
 
     def execute(self, request: ExecRequest) -> ExecResult:
+        """Run one request; a server found dead (killed, crashed) is restarted and the request
+        tried once more. A hung server or a forged reply is never retried."""
         started = time.monotonic()
-        if not self.alive():
-            self.restart()
+        for attempt in (1, 2):
+            if not self.alive():
+                self.restart()
+            try:
+                return self.execute_once(request)
+            except WorkerCrashed as exc:
+                self.stop()
+                if not exc.server_gone or attempt == 2:
+                    return self.failure(request, "sandbox_error", str(exc), started)
+        raise AssertionError("unreachable")
+
+    def execute_once(self, request: ExecRequest) -> ExecResult:
         secret = secrets.token_bytes(32)
         frame = {
             "program": request.program,
@@ -142,14 +158,9 @@ class Worker:
             "call_timeout_s": request.call_timeout_s,
             "wall_timeout_s": self.config.wall_timeout_s,
         }
-        try:
-            self.write_frame(json.dumps(frame).encode(), secret)
-            deadline = time.monotonic() + self.config.wall_timeout_s + REPLY_MARGIN_S
-            body = self.read_frame(deadline)
-            reply = verify(body, secret)
-        except WorkerCrashed as exc:
-            self.stop()
-            return self.failure(request, "sandbox_error", str(exc), started)
+        self.write_frame(json.dumps(frame).encode(), secret)
+        deadline = time.monotonic() + self.config.wall_timeout_s + REPLY_MARGIN_S
+        reply = verify(self.read_frame(deadline), secret)
         return interpret(reply, request, self.backend)
 
     def failure(self, request: ExecRequest, status: str, why: str, started: float) -> ExecResult:
@@ -171,7 +182,7 @@ class Worker:
                 self.process.stdin.write(struct.pack(">I", len(body)) + body)
             self.process.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
-            raise WorkerCrashed(f"server is gone ({exc})") from None
+            raise WorkerCrashed(f"server is gone ({exc})", server_gone=True) from None
 
     def read_frame(self, deadline: float) -> bytes:
         (size,) = struct.unpack(">I", self.read_exact(4, deadline))
@@ -192,7 +203,7 @@ class Worker:
                 continue
             chunk = os.read(fd, min(size, 1 << 20))
             if not chunk:
-                raise WorkerCrashed("the sandbox server exited")
+                raise WorkerCrashed("the sandbox server exited", server_gone=True)
             chunks.append(chunk)
             size -= len(chunk)
         return b"".join(chunks)
