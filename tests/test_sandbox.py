@@ -177,3 +177,14 @@ def test_a_killed_worker_is_replaced(backend):
             os.killpg(pid, signal.SIGKILL)
         assert_still_healthy(box)
         assert_still_healthy(box)
+
+
+def test_calls_that_are_not_json_are_rejected_before_running(sandbox):
+    from codeq.errors import BadInputError
+
+    bad = ExecRequest(
+        program="x = 1", runner=RUNNER, calls=[{"function": "solve", "args": [{1, 2}]}]
+    )
+    with pytest.raises(BadInputError):
+        sandbox.run(bad)
+    assert_still_healthy(sandbox)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import SandboxConfig
-from codeq.errors import SandboxError
+from codeq.errors import BadInputError, SandboxError
 from codeq.sandbox.records import CallResult, ExecRequest, ExecResult
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
@@ -158,7 +158,14 @@ class Worker:
             "call_timeout_s": request.call_timeout_s,
             "wall_timeout_s": self.config.wall_timeout_s,
         }
-        self.write_frame(json.dumps(frame).encode(), secret)
+        try:
+            body = json.dumps(frame).encode()
+        except (TypeError, ValueError) as exc:
+            raise BadInputError(
+                f"sandbox request is not JSON-serializable: {exc}",
+                hint="ExecRequest.calls must hold only JSON values (dict, list, str, numbers)",
+            ) from None
+        self.write_frame(body, secret)
         deadline = time.monotonic() + self.config.wall_timeout_s + REPLY_MARGIN_S
         reply = verify(self.read_frame(deadline), secret)
         return interpret(reply, request, self.backend)
