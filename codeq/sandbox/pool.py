@@ -44,6 +44,19 @@ def resolve_backend(config: SandboxConfig) -> tuple[str, str | None]:
     return "subprocess", None
 
 
+def warn_about_weak_isolation(hello: dict) -> None:
+    """Without root (host backend) the jail, the uid drop and the network namespace may be
+    missing; say so loudly rather than pretend the programs are contained."""
+    missing = [name for name in ("jail", "uid_drop", "netns") if not hello.get(name)]
+    if missing:
+        message = (
+            f"sandbox isolation is weaker than designed: no {', '.join(missing)} "
+            "(run as root, or use the gvisor backend)"
+        )
+        log.warning(message)
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
 def worker_count(config: SandboxConfig) -> int:
     return config.workers or max(1, len(os.sched_getaffinity(0)))
 
@@ -87,6 +100,7 @@ class Sandbox:
                 self._idle.put(worker)
             self._executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix="sandbox")
             log.info("sandbox: %d %s workers (%s)", count, self.backend, workers[0].hello)
+            warn_about_weak_isolation(workers[0].hello)
         return self
 
     def close(self) -> None:
