@@ -188,3 +188,21 @@ def test_calls_that_are_not_json_are_rejected_before_running(sandbox):
     with pytest.raises(BadInputError):
         sandbox.run(bad)
     assert_still_healthy(sandbox)
+
+
+def test_scratch_left_by_a_killed_host_process_is_removed_at_next_start():
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    abandoned = Path(tempfile.gettempdir()) / f"codeq-sandbox-{dead.pid}-abandoned"
+    (abandoned / "jail").mkdir(parents=True)
+    mine = Path(tempfile.mkdtemp(prefix=f"codeq-sandbox-{os.getpid()}-"))
+    try:
+        with Sandbox(small_config("subprocess")):
+            assert not abandoned.exists()
+            assert mine.exists(), "a live owner's directory must be kept"
+    finally:
+        mine.rmdir()

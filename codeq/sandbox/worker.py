@@ -34,6 +34,18 @@ MINIMAL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 DIAGNOSTIC_CHARS = 20_000
 
 
+SCRATCH_PREFIX = "codeq-sandbox-"
+
+
+def remove_abandoned_scratch_dirs() -> None:
+    """Scratch directories of host processes that died without closing their sandbox (SIGKILL,
+    OOM) are removed by the next sandbox that starts; the owner's pid is in the name."""
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        owner = path.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class WorkerCrashed(Exception):
     """The server died, timed out or sent a frame without the right secret."""
 
@@ -54,7 +66,8 @@ class Worker:
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self.scratch = tempfile.mkdtemp(prefix="codeq-sandbox-")
+        remove_abandoned_scratch_dirs()
+        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         os.chmod(self.scratch, 0o711)  # the program's uid must reach its run dir below
         server_config = self.server_config()
         command = self.command(json.dumps(server_config))
