@@ -75,7 +75,10 @@ class SandboxConfig(Section):
         10_000_000, ge=0, description="Largest file a program may write (RLIMIT_FSIZE)."
     )
     max_processes: int = Field(
-        32, ge=1, description="Process/thread cap inside the sandbox (RLIMIT_NPROC)."
+        8,
+        ge=1,
+        description="Process/thread cap per program run (RLIMIT_NPROC). memory_mb is per "
+        "process, so a run can hold at most max_processes x memory_mb.",
     )
 
 
