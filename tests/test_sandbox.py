@@ -10,7 +10,7 @@ import pytest
 from codeq.config import SandboxConfig
 from codeq.errors import SandboxError
 from codeq.sandbox import ExecRequest, Sandbox
-from tests.sandbox_helpers import (
+from tests.sandbox_attacks.helpers import (
     BACKENDS,
     RUNNER,
     assert_still_healthy,

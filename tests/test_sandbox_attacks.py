@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from codeq.sandbox import Sandbox
-from tests.sandbox_helpers import (
+from tests.sandbox_attacks.helpers import (
     BACKENDS,
     assert_still_healthy,
     descendants,
