@@ -321,9 +321,10 @@ def run_harness(request: dict, result_fd: int) -> None:
 
 def make_sender(result_fd: int):
     # Bound now so a program that patches json/os later cannot change how results are framed.
-    dumps, write, pack = json.dumps, os.write, struct.pack
+    dumps, write, pack, flush = json.dumps, os.write, struct.pack, flush_output
 
     def send(message: dict) -> None:
+        flush()  # output before a result is in the pipe when the server reads that result
         body = dumps(message).encode()
         data = memoryview(pack(">I", len(body)) + body)
         while data:
@@ -343,6 +344,7 @@ class Child:
         self.result_r, result_w = os.pipe()
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
+        self.cleaned = False
         self.uid = fresh_uid() if setup["uid_drop"] else None
         self.run_dir = prepare_run_dir(setup, self.uid)
         setup = {**setup, "uid": self.uid, "run_dir": self.run_dir}
@@ -447,6 +449,8 @@ class Collector:
         self.last_message = self.started
         self.garbled: str | None = None
         self.exit_status: int | None = None
+        self.calls = len(request["calls"])
+        self.complete = False
         self.wakeup_fd = wakeup_fd
 
     def deadline(self) -> float:
@@ -485,6 +489,11 @@ class Collector:
             open_fds.remove(fd)
         elif fd == self.child.result_r:
             self.take_results(chunk)
+            if self.complete:
+                # Every result is in: the verdict cannot change, so the reply need not wait
+                # for the program to exit (it is killed right after the reply).
+                self.read_available(open_fds)
+                return False
             return not self.garbled
         elif not self.take_output(fd, chunk):
             self.status = "output_limit"
@@ -553,6 +562,8 @@ class Collector:
             self.garbled = "result messages out of order"
             return
         self.messages.append(message)
+        load_ok = self.messages[0].get("load") == "ok"
+        self.complete = not load_ok or len(self.messages) == 1 + self.calls
 
 
 def start_run(request: dict, child: Child, setup: dict) -> Collector:
@@ -564,18 +575,17 @@ def start_run(request: dict, child: Child, setup: dict) -> Collector:
 
 
 def finish_run(collector: Collector, setup: dict) -> dict:
-    """Wait for the program within its limits, kill what is left, and report raw results."""
+    """Wait for the program's results within its limits and report them raw. A program that
+    stopped early is reaped first so its exit status (e.g. SIGXCPU) can be reported."""
     child = collector.child
     collector.collect()
     exit_status = collector.exit_status
-    if exit_status is None and collector.status is None and not collector.garbled:
-        exit_status = wait_briefly(child.pid)
-    kill_everything(child, not setup["limits"]["in_gvisor"])
-    if exit_status is None:
-        exit_status = exit_status_or_none(child.pid)
-    for fd in (child.result_r, child.out_r, child.err_r):
-        os.close(fd)
-    shutil.rmtree(child.run_dir, ignore_errors=True)
+    if exit_status is None and not collector.complete:
+        if collector.status is None and not collector.garbled:
+            exit_status = wait_briefly(child.pid)
+        clean_up(child, setup)
+        if exit_status is None:
+            exit_status = exit_status_or_none(child.pid)
     return {
         "status": collector.status,
         "garbled": collector.garbled,
@@ -585,6 +595,17 @@ def finish_run(collector: Collector, setup: dict) -> dict:
         "stderr": bytes(collector.output[child.err_r]).decode("utf-8", "replace"),
         "seconds": time.monotonic() - collector.started,
     }
+
+
+def clean_up(child: Child, setup: dict) -> None:
+    """Kill every process of the run, close its pipes and wipe its directory (idempotent)."""
+    if child.cleaned:
+        return
+    child.cleaned = True
+    kill_everything(child, not setup["limits"]["in_gvisor"])
+    for fd in (child.result_r, child.out_r, child.err_r):
+        os.close(fd)
+    shutil.rmtree(child.run_dir, ignore_errors=True)
 
 
 CHILD_KEYS = ("program", "prelude", "runner", "calls")
@@ -643,13 +664,14 @@ def serve(config: dict) -> None:
         try:
             secret = read_frame(stdin)
         except EOFError:
+            clean_up(child, setup)
             child = next_child
             break
         write_frame(stdout, reply + hmac.new(secret, reply, hashlib.sha256).digest())
         del secret
+        clean_up(child, setup)  # after the reply: the host reads it while this runs
         child = next_child
-    kill_everything(child, not config["in_gvisor"])
-    shutil.rmtree(child.run_dir, ignore_errors=True)
+    clean_up(child, setup)
 
 
 if __name__ == "__main__":
