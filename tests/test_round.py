@@ -16,6 +16,7 @@ from codeq.pipeline.stages import STAGES
 from codeq.store import RoundLayout, open_store
 
 TINY_SETTINGS = {
+    "tasks": {"max_items": 7},  # a few builtin tasks keep the round short
     "policy": {
         "max_new_tokens": 32,
         "critique_max_new_tokens": 8,
