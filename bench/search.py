@@ -64,12 +64,13 @@ def measure(
     from codeq.search import run_search
 
     torch.manual_seed(seed)
-    before = engine.stats.calls, engine.stats.sequences
+    before = engine.stats.calls, engine.stats.sequences, engine.stats.seconds
     started = time.perf_counter()
     trajectories = run_search(tasks, engine, sandbox, config, mode="mcts")
     seconds = time.perf_counter() - started
     calls = engine.stats.calls - before[0]
     sequences = engine.stats.sequences - before[1]
+    generating = engine.stats.seconds - before[2]
     completion = sum(t.completion_tokens for t in trajectories)
     result = {
         "label": label,
@@ -80,13 +81,16 @@ def measure(
         "prompt_tokens": sum(t.prompt_tokens for t in trajectories),
         "tokens_per_s": round(completion / seconds, 2),
         "tasks_per_hour": round(len(trajectories) / seconds * 3600, 1),
+        "generate_seconds": round(generating, 2),
+        "generation_tokens_per_s": round(completion / generating, 2) if generating else 0.0,
         "generate_calls": calls,
         "mean_batch": round(sequences / calls, 2) if calls else 0.0,
         "solved": sum(t.solved for t in trajectories),
     }
     print(
         f"{label:>22}: {result['tokens_per_s']:8.1f} tok/s  {result['tasks_per_hour']:8.1f} "
-        f"tasks/h  ({completion} tokens, {seconds:.1f}s, mean batch {result['mean_batch']})",
+        f"tasks/h  ({completion} tokens, {seconds:.1f}s of which {generating:.1f}s in generate, "
+        f"mean batch {result['mean_batch']})",
         flush=True,
     )
     return result

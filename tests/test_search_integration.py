@@ -10,6 +10,7 @@ import pytest
 from codeq import cli
 from codeq.config import load_config
 from codeq.policy import PolicyEngine
+from codeq.policy.critique import parse_score
 from codeq.schemas import Task, Trajectory, read_jsonl
 from codeq.search import collect, run_search
 
@@ -147,11 +148,12 @@ def test_smollm2_searches_real_tasks(smollm2_dir, tasks_file, sandbox):
     # a real instruction model answers with code: most rewrites are fenced and extractable
     assert sum("```" in n.completion for n in rewrites) >= 4
     assert sum(n.valid for n in rewrites) >= 3
-    for trajectory in trajectories:
+    for trajectory, task in zip(trajectories, tasks, strict=True):
         assert trajectory.reward_tests == "visible"
         for node in trajectory.nodes[1:]:
             if node.valid:
-                assert (
-                    node.verdict.n_total == len(tasks[0].visible_tests) or node.verdict.n_total > 0
-                )
-                assert node.critique is not None
+                assert node.verdict.n_total == len(task.visible_tests)
+                assert node.critique.startswith("Score: ") and 0.0 <= node.q_ai <= 1.0
+    critiqued = [n for n in rewrites if n.valid]
+    # with the answer prefilled, SmolLM2 writes a number: most critiques parse to a real score
+    assert sum(parse_score(n.critique) is not None for n in critiqued) >= len(critiqued) // 2

@@ -343,6 +343,7 @@ class PolicyEngine:
                 chunk = sequences[start : start + self.batch_size]
                 began = time.perf_counter()
                 outputs = self._generate_chunk(chunk, requests[group[0]])
+                self.stats.seconds += time.perf_counter() - began
                 spent = (time.perf_counter() - began) / len(chunk)
                 for sequence, (text, count) in zip(chunk, outputs, strict=True):
                     texts[sequence.request].append(text)
