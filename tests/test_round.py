@@ -12,7 +12,14 @@ from test_store_helpers import BUCKET, s3_endpoint_fixture  # noqa: F401
 
 from codeq.config import load_config
 from codeq.pipeline.local_round import LOCAL_ROUND_PRESET, run_round
-from codeq.pipeline.stages import STAGES
+from codeq.pipeline.stages import (
+    STAGES,
+    StageContext,
+    copy_to_current,
+    evaluate_stage,
+    prepare_stage,
+)
+from codeq.schemas import Task, read_jsonl
 from codeq.store import RoundLayout, open_store
 
 TINY_SETTINGS = {
@@ -40,6 +47,40 @@ TINY_SETTINGS = {
 }
 
 
+class OracleOrWrongPolicy:
+    """Collects with clearly different siblings so the round has real preference pairs: the
+    first sample of each rewrite request is the task's oracle program, the others a wrong
+    rewrite; every critique says 5/10. (The tiny random model alone writes no programs.)"""
+
+    name = "oracle-or-wrong"
+
+    def __init__(self, tasks: list[Task]) -> None:
+        self.tasks = tasks
+
+    def _task_of(self, text: str) -> Task:
+        matches = [task for task in self.tasks if task.buggy_code.strip() in text]
+        return max(matches, key=lambda task: len(task.buggy_code))
+
+    def generate(self, requests):
+        from codeq.policy import GenerationResult
+
+        results = []
+        for request in requests:
+            if request.stop == "score":
+                texts = ["Score: 5/10"] * request.n
+            else:
+                task = self._task_of("\n".join(message.content for message in request.messages))
+                wrong = task.buggy_code + "\nWRONG_REWRITE = 1\n"
+                texts = [
+                    f"```python\n{task.oracle_code if i == 0 else wrong}\n```"
+                    for i in range(request.n)
+                ]
+            results.append(
+                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
+            )
+        return results
+
+
 def stage_prefixes(layout: RoundLayout) -> list[str]:
     return [
         layout.stage(name) for name in ("tasks", "pairs", "adapter", "eval", "promote", "report")
@@ -62,11 +103,21 @@ def test_round_against_s3_with_injected_errors(s3_endpoint, tiny_model_dir, tmp_
             },
         },
     )
-    s3_endpoint.proxy.fail_next(6, status=503)
-    summary = run_round(config, tmp_path / "out", source="builtin")
-    assert list(summary["timings"]) == STAGES
     store = open_store(config.store)
+    prepare_stage(StageContext(config, store, tmp_path / "prepare"), "builtin")
+    train_tasks = read_jsonl(tmp_path / "prepare/round-0/tasks/train.jsonl", Task)
+    s3_endpoint.proxy.fail_next(6, status=503)
+    summary = run_round(
+        config,
+        tmp_path / "out",
+        source="builtin",
+        engines={"collect": OracleOrWrongPolicy(train_tasks)},
+    )
+    assert list(summary["timings"]) == STAGES
     layout = RoundLayout("s3round", 0)
+    assert store.marker(layout.stage("pairs"))["pairs"] > 0
+    assert store.marker(layout.stage("adapter"))["trained"] is True
+    assert store.exists(layout.stage("adapter") + "/adapter_model.safetensors")
     for prefix in stage_prefixes(layout):
         assert store.is_complete(prefix), prefix
         store.verify_manifest(prefix)
@@ -77,6 +128,39 @@ def test_round_against_s3_with_injected_errors(s3_endpoint, tiny_model_dir, tmp_
 
     again = run_round(config, tmp_path / "again", source="builtin")
     assert all(result["skipped"] for result in again["results"].values())
+
+    check_evaluate_against_a_promoted_incumbent(config, store, tmp_path)
+
+
+def copy_stage(store, source: str, target: str, scratch: Path) -> None:
+    store.get_dir(source, scratch)
+    store.put_dir(target, scratch)
+    store.mark_complete(target, store.marker(source))
+
+
+def check_evaluate_against_a_promoted_incumbent(config, store, tmp_path: Path) -> None:
+    """Rounds 1 and 2 evaluate against runs/<run>/current: round 1 reuses the results of the
+    round that promoted it (same task ids); round 2's incumbent names a round without an
+    evaluation, so the promoted adapter is downloaded from current and evaluated."""
+    round0 = RoundLayout("s3round", 0)
+    adapter_dir = tmp_path / "adapter0"
+    store.get_dir(round0.stage("adapter"), adapter_dir)
+    context0 = StageContext(config, store, tmp_path / "ctx0")
+    copy_to_current(context0, adapter_dir)
+    for number, expect_reused in ((1, True), (2, False)):
+        layout = RoundLayout("s3round", number)
+        for stage in ("tasks", "adapter"):
+            copy_stage(
+                store, round0.stage(stage), layout.stage(stage), tmp_path / f"{stage}{number}"
+            )
+        if number == 2:
+            store.put_json(round0.current + "/CURRENT.json", {"round": 7})
+        round_config = config.model_copy(deep=True)
+        round_config.store.round = number
+        summary = evaluate_stage(StageContext(round_config, store, tmp_path / f"ctx{number}"))
+        assert summary["baseline_reused"] is expect_reused
+        assert summary["baseline_policy"]["kind"] == "adapter"
+        assert store.is_complete(layout.stage("eval"))
 
 
 @pytest.mark.slow

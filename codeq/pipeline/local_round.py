@@ -13,11 +13,22 @@ from codeq.store import join_key, log, open_store
 LOCAL_ROUND_PRESET = Path(__file__).resolve().parent.parent / "data" / "local-round.yaml"
 
 
-def run_round(config: CodeQConfig, out_dir: Path, *, source: str | None = None) -> dict[str, Any]:
+def run_round(
+    config: CodeQConfig,
+    out_dir: Path,
+    *,
+    source: str | None = None,
+    engines: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run prepare -> collect -> pairs -> train -> evaluate -> promote -> report against
-    `config.store` (stages already complete there are skipped); returns timings and paths."""
+    `config.store` (stages already complete there are skipped); returns timings and paths.
+
+    `engines` may hold ready policies: "base" (collect and the baseline evaluation) and
+    "collect" (collect only, e.g. a stronger or scripted policy); missing ones are loaded."""
     store = open_store(config.store)
-    context = StageContext(config=config, store=store, scratch=out_dir / "work")
+    context = StageContext(
+        config=config, store=store, scratch=out_dir / "work", engines=dict(engines or {})
+    )
     timings: dict[str, float] = {}
     results: dict[str, Any] = {}
     started = time.perf_counter()

@@ -126,7 +126,7 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
             ctx.config,
             shard_index=shard_index,
             shard_count=shard_count,
-            engine=ctx.engines.get("base"),
+            engine=ctx.engines.get("collect", ctx.engines.get("base")),
         )
     finally:
         uploader.stop()
@@ -331,6 +331,18 @@ def download_adapter(ctx: StageContext, prefix: str, name: str) -> Path | None:
     return target
 
 
+def download_current(ctx: StageContext, name: str) -> Path:
+    """The promoted adapter in runs/<run>/current (checked against its manifest)."""
+    target = ctx.workdir(name)
+    ctx.store.get_dir(ctx.layout.current, target)
+    if not (target / "adapter_config.json").is_file():
+        raise MissingInputError(
+            f"{ctx.store.describe(ctx.layout.current)} holds no adapter_config.json",
+            hint="promote a round again (`codeq promote` or the promote job)",
+        )
+    return target
+
+
 # ------------------------------------------------------------------------------ evaluate
 
 
@@ -381,7 +393,7 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     if not reused:
         incumbent_adapter = None
         if incumbent is not None:
-            incumbent_adapter = download_adapter(ctx, ctx.layout.current, "eval-incumbent")
+            incumbent_adapter = download_current(ctx, "eval-incumbent")
         label = f"the promoted adapter of round {incumbent['round']}" if incumbent else "base"
         log(f"evaluate: the incumbent policy ({label}) on the same tasks")
         _evaluate(ctx, tasks_path, baseline_dir, incumbent_adapter)
