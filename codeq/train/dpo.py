@@ -396,9 +396,15 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
     started = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - started
-    final_eval = trainer.evaluate() if prepared.n_held_out else {}
-
     steps, evals = _history(trainer.state.log_history)
+    final_eval: dict[str, Any] = {}
+    if prepared.n_held_out:  # the last step's held-out accuracy (evaluated once more if needed)
+        last_evaluated = evals[-1].get("step") if evals else None
+        if last_evaluated == trainer.state.global_step:
+            final_eval = evals[-1]
+        else:
+            final_eval = trainer.evaluate()
+            steps, evals = _history(trainer.state.log_history)
     _check_finite_history(steps)
     if callback.best_state is not None and callback.best_step != trainer.state.global_step:
         set_peft_model_state_dict(trainer.model, callback.best_state)
