@@ -171,3 +171,34 @@ def test_q_ai_averages_parsed_scores_and_is_neutral_without_any():
     assert q_ai_from(["Score: 2/10", "Score: 4/10"]) == pytest.approx(0.3)
     assert q_ai_from(["nothing"]) == 0.5
     assert q_ai_from(["7/10 because"], prefix="Score: ") == pytest.approx(0.7)
+
+
+@pytest.mark.slow
+def test_smollm2_stops_at_the_code_block_and_the_score_line(smollm2_dir):
+    from codeq.policy.critique import critique_request
+    from codeq.policy.prompts import agent_messages
+    from codeq.schemas import Task
+
+    task = Task(
+        task_id="0" * 16,
+        slug="add-two",
+        level="easy",
+        category="logic",
+        subtype="operation error",
+        description="Return the sum of a and b.",
+        examples=["Input: a = 1, b = 2\nOutput: 3"],
+        buggy_code="class Solution:\n    def add(self, a: int, b: int) -> int:\n        return a - b\n",
+        oracle_code="class Solution:\n    def add(self, a: int, b: int) -> int:\n        return a + b\n",
+        visible_tests=[],
+        hidden_tests=[],
+    )
+    engine = PolicyEngine.load(PolicyConfig(model=str(smollm2_dir), cpu_threads=1), seed=0)
+    rewrite = GenerationRequest(agent_messages(task), n=1, temperature=0.0, max_new_tokens=200)
+    review = critique_request(task, task.oracle_code, temperature=0.0, max_new_tokens=40)
+    code, score = engine.generate([rewrite, review])
+    assert code.texts[0].rstrip().endswith("```") and code.completion_tokens[0] < 200
+    assert extract_program(code.texts[0]).strip()
+    assert score.texts[0].endswith("\n") and score.completion_tokens[0] < 40
+    assert q_ai_from(score.texts, prefix="Score: ") != 0.5 or parse_score(
+        "Score: " + score.texts[0]
+    )

@@ -372,7 +372,7 @@ class PolicyEngine:
             device=self.model.device,
         )
         stopper = code_block_stopper(
-            self.tokenizer, width, len(chunk), [settings.stop] * len(chunk)
+            self.tokenizer, width, len(chunk), [settings.stop] * len(chunk), settings.prefix
         )
         sampling: dict[str, Any] = {"do_sample": False}
         if settings.temperature > 0:
