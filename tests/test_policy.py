@@ -199,6 +199,4 @@ def test_smollm2_stops_at_the_code_block_and_the_score_line(smollm2_dir):
     assert code.texts[0].rstrip().endswith("```") and code.completion_tokens[0] < 200
     assert extract_program(code.texts[0]).strip()
     assert score.texts[0].endswith("\n") and score.completion_tokens[0] < 40
-    assert q_ai_from(score.texts, prefix="Score: ") != 0.5 or parse_score(
-        "Score: " + score.texts[0]
-    )
+    assert parse_score("Score: " + score.texts[0]) is not None
