@@ -48,7 +48,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 app = typer.Typer(
     name="codeq",
     help="CodeQ: self-improving code-debugging agent. Stages of a round, in order: "
-    + " -> ".join(name for name in COMMANDS if name not in {"config", "exec"}),
+    + " -> ".join(name for name in COMMANDS if name not in {"config", "exec", "merge", "round"})
+    + ". `codeq round` runs them all locally.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
