@@ -175,13 +175,7 @@ class ArtifactStore(ABC):
                     hint="rerun the stage that produces it",
                 )
             self.get_file(key, target)
-            actual = sha256_of_file(target)
-            if actual != expected["sha256"]:
-                raise CorruptInputError(
-                    f"{self.describe(key)} fails its checksum "
-                    f"(sha256 {actual[:12]}..., manifest says {expected['sha256'][:12]}...)",
-                    hint="the object was changed or truncated; rerun the stage that produces it",
-                )
+            self._check_sha256(key, target, expected["sha256"])
         return manifest
 
     def get_verified_file(self, prefix: str, relative: str, path: Path) -> bool:
@@ -192,14 +186,17 @@ class ArtifactStore(ABC):
             return False
         key = join_key(prefix, relative)
         self.get_file(key, path)
+        self._check_sha256(key, path, expected["sha256"])
+        return True
+
+    def _check_sha256(self, key: str, path: Path, expected_sha256: str) -> None:
         actual = sha256_of_file(path)
-        if actual != expected["sha256"]:
+        if actual != expected_sha256:
             raise CorruptInputError(
                 f"{self.describe(key)} fails its checksum "
-                f"(sha256 {actual[:12]}..., manifest says {expected['sha256'][:12]}...)",
+                f"(sha256 {actual[:12]}..., manifest says {expected_sha256[:12]}...)",
                 hint="the object was changed or truncated; rerun the stage that produces it",
             )
-        return True
 
     def verify_manifest(self, prefix: str) -> dict[str, Any]:
         """Download into a temporary folder and check every checksum (no files kept)."""

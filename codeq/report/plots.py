@@ -92,30 +92,32 @@ def dpo_curves(metrics: dict[str, Any]) -> str:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.6))
     steps = metrics.get("steps", [])
     xs = [entry.get("step", i + 1) for i, entry in enumerate(steps)]
-    left.plot(xs, [e.get("rewards/accuracies") for e in steps], label="train", marker=".")
     evals = metrics.get("eval", [])
-    if evals:
-        left.plot(
-            [e.get("step") for e in evals],
-            [e.get("eval_rewards/accuracies") for e in evals],
-            label="held-out",
-            marker="o",
-        )
-    left.axhline(0.5, color="#999", linestyle=":", linewidth=1)
+    _plot_dpo_metric(left, xs, steps, evals, "rewards/accuracies", baseline=0.5)
     left.set_ylim(-0.02, 1.02)
-    left.set_xlabel("optimizer step")
     left.set_title("DPO reward accuracy")
-    left.legend()
-    right.plot(xs, [e.get("rewards/margins") for e in steps], label="train", marker=".")
+    _plot_dpo_metric(right, xs, steps, evals, "rewards/margins", baseline=0.0)
+    right.set_title("DPO reward margin (chosen - rejected)")
+    return _figure_png(fig)
+
+
+def _plot_dpo_metric(
+    axes: Any,
+    xs: list[Any],
+    steps: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    metric: str,
+    baseline: float,
+) -> None:
+    """One DPO metric per optimizer step: training, plus held-out evaluations when present."""
+    axes.plot(xs, [entry.get(metric) for entry in steps], label="train", marker=".")
     if evals:
-        right.plot(
-            [e.get("step") for e in evals],
-            [e.get("eval_rewards/margins") for e in evals],
+        axes.plot(
+            [entry.get("step") for entry in evals],
+            [entry.get(f"eval_{metric}") for entry in evals],
             label="held-out",
             marker="o",
         )
-    right.axhline(0.0, color="#999", linestyle=":", linewidth=1)
-    right.set_xlabel("optimizer step")
-    right.set_title("DPO reward margin (chosen - rejected)")
-    right.legend()
-    return _figure_png(fig)
+    axes.axhline(baseline, color="#999", linestyle=":", linewidth=1)
+    axes.set_xlabel("optimizer step")
+    axes.legend()
