@@ -83,12 +83,17 @@ def _count_lines(path: Path) -> int:
     return sum(1 for line in path.open(encoding="utf-8") if line.strip())
 
 
+def _download_stage(ctx: StageContext, stage: str, what: str, workdir: str) -> Path:
+    """An earlier stage's output, refused unless its completion marker exists."""
+    prefix = ctx.layout.stage(stage)
+    ctx.store.require_complete(prefix, what)
+    target = ctx.workdir(workdir)
+    ctx.store.get_dir(prefix, target)
+    return target
+
+
 def _download_tasks(ctx: StageContext) -> Path:
-    prefix = ctx.layout.stage("tasks")
-    ctx.store.require_complete(prefix, "tasks (prepare)")
-    tasks_dir = ctx.workdir("tasks-in")
-    ctx.store.get_dir(prefix, tasks_dir)
-    return tasks_dir
+    return _download_stage(ctx, "tasks", "tasks (prepare)", "tasks-in")
 
 
 # ------------------------------------------------------------------------------ collect
@@ -287,10 +292,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     done = _already_done(ctx, prefix, "train")
     if done:
         return done
-    pairs_prefix = ctx.layout.stage("pairs")
-    ctx.store.require_complete(pairs_prefix, "pairs")
-    pairs_dir = ctx.workdir("train-in")
-    ctx.store.get_dir(pairs_prefix, pairs_dir)
+    pairs_dir = _download_stage(ctx, "pairs", "pairs", "train-in")
     n_pairs = _count_lines(pairs_dir / "pairs.jsonl")
     if n_pairs == 0:
         log("train: the pairs stage produced no pairs; no adapter is trained this round")
@@ -323,11 +325,7 @@ def download_adapter(ctx: StageContext, prefix: str, name: str) -> Path | None:
         return None
     target = ctx.workdir(name)
     ctx.store.get_dir(prefix, target)
-    if not (target / "adapter_config.json").is_file():
-        raise MissingInputError(
-            f"{ctx.store.describe(prefix)} holds no adapter_config.json",
-            hint="rerun the train stage of that round",
-        )
+    _require_adapter_config(ctx, prefix, target, hint="rerun the train stage of that round")
     return target
 
 
@@ -335,12 +333,20 @@ def download_current(ctx: StageContext, name: str) -> Path:
     """The promoted adapter in runs/<run>/current (checked against its manifest)."""
     target = ctx.workdir(name)
     ctx.store.get_dir(ctx.layout.current, target)
-    if not (target / "adapter_config.json").is_file():
-        raise MissingInputError(
-            f"{ctx.store.describe(ctx.layout.current)} holds no adapter_config.json",
-            hint="promote a round again (`codeq promote` or the promote job)",
-        )
+    _require_adapter_config(
+        ctx,
+        ctx.layout.current,
+        target,
+        hint="promote a round again (`codeq promote` or the promote job)",
+    )
     return target
+
+
+def _require_adapter_config(ctx: StageContext, prefix: str, folder: Path, hint: str) -> None:
+    if not (folder / "adapter_config.json").is_file():
+        raise MissingInputError(
+            f"{ctx.store.describe(prefix)} holds no adapter_config.json", hint=hint
+        )
 
 
 # ------------------------------------------------------------------------------ evaluate
@@ -454,10 +460,7 @@ def promote_stage(ctx: StageContext) -> dict[str, Any]:
     done = _already_done(ctx, prefix, "promote")
     if done:
         return done
-    eval_prefix = ctx.layout.stage("eval")
-    ctx.store.require_complete(eval_prefix, "evaluation")
-    eval_dir = ctx.workdir("promote-in")
-    ctx.store.get_dir(eval_prefix, eval_dir)
+    eval_dir = _download_stage(ctx, "eval", "evaluation", "promote-in")
     decision = decide_promotion(eval_dir)
     decision["round"] = ctx.layout.round
     if decision["promote"]:
