@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from codeq.sandbox import Sandbox
+from codeq.sandbox.server import READY_CHILDREN
 from tests.sandbox_attacks.helpers import (
     BACKENDS,
     assert_still_healthy,
@@ -39,8 +40,9 @@ def sandbox(request):
 
 
 PROBER = """
-import os
+import os, time
 def solve():
+    time.sleep(0.3)  # the spawner refills its pool of ready children meanwhile
     others = []
     for pid in range(2, 4096):
         if pid == os.getpid():
@@ -68,11 +70,12 @@ def unharmed(sandbox):
     left, neither on the host nor inside gVisor."""
     yield
     assert_still_healthy(sandbox)
-    # Per worker: the server and its pre-forked child (subprocess), or runsc, its gofer and its
-    # sandbox (gVisor). Anything more is a process the program left behind.
-    allowed = sandbox.workers * (3 if sandbox.backend == "gvisor" else 2)
-    # A process that really survived stays for the whole window; a child the server is
-    # pre-forking for the next run, or one it is still reaping, shows up only for a moment.
+    # Per worker: the server, its spawner and the children ready for the next runs
+    # (subprocess), or runsc, its gofer and its sandbox (gVisor). Anything more is a process the
+    # program left behind.
+    allowed = sandbox.workers * (3 if sandbox.backend == "gvisor" else 2 + READY_CHILDREN)
+    # A process that really survived stays for the whole window; a child the spawner is
+    # forking for the pool, or one it is still reaping, shows up only for a moment.
     # So take one snapshot at a time and judge that same snapshot.
     deadline = time.monotonic() + 10
     remaining = host_processes()
@@ -81,11 +84,12 @@ def unharmed(sandbox):
         remaining = host_processes()
     assert len(remaining) <= allowed, f"processes survived the run: {remaining}"
     if sandbox.backend == "gvisor":
-        # Inside gVisor only the server (pid 1), the prober and the child the server forks
-        # for the next run may exist.
+        # Inside gVisor only the server (pid 1), the spawner and the ready children (the pool
+        # refilled for the prober's own run) may exist besides the prober.
         probe = run(sandbox, PROBER, timeout=3.0)
         assert probe.calls[0] is not None and probe.calls[0].ok
-        assert len(probe.calls[0].value) <= 1, f"processes survived inside: {probe.calls[0].value}"
+        others = probe.calls[0].value
+        assert len(others) <= 2 + READY_CHILDREN, f"processes survived inside: {others}"
 
 
 def run(sandbox: Sandbox, program: str, timeout: float | None = 1.5):

@@ -8,11 +8,12 @@ Protocol on stdin/stdout, every frame a 4-byte big-endian length then the body:
   server -> host  reply: JSON result followed by a 32-byte HMAC-SHA256 of that JSON keyed
                   with the request's secret.
 
-Each child is forked before the request it will run (and that request's secret) is read. The
-child closes every inherited descriptor but its pipes, chroots into a jail holding only the
-Python standard library, sets rlimits, drops to an unprivileged uid, and only then receives the
-program. The server enforces the wall and per-call limits, kills every process of that uid
-afterwards, wipes the run directory and reports the child's raw results.
+Children are forked ahead of time by the spawner, a process of the server's own that is forked
+before the first request and so never sees a run's secret. A child closes every inherited
+descriptor but its pipes, chroots into a jail holding only the Python standard library, sets
+rlimits, drops to an unprivileged uid, and only then receives the program. The server enforces
+the wall and per-call limits and reports the child's raw results; the spawner then kills every
+process of that uid and wipes the run directory before the next run starts.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import struct
 import sys
 import time
 import traceback
+from collections import deque
 
 # Imported here so programs that use them work inside the jail without the files being read
 # again (the jail exposes the stdlib read-only, but preloading also makes each run faster).
@@ -333,18 +336,26 @@ def make_sender(result_fd: int):
     return send
 
 
-# ---------------------------------------------------------------- server loop (trusted side)
+# ---------------------------------------------------------------- spawner (trusted side)
+#
+# Under gVisor a fork costs ~5 ms whatever the process, and a finished child's teardown as
+# much again. A process of its own, the spawner, forks every run's child ahead of time and
+# kills, reaps and wipes finished runs, so that work overlaps with the server's handling of the
+# current run instead of sitting in front of it. The spawner is forked before the first request
+# is read, so neither it nor any child it forks ever holds a run's secret.
+
+READY_CHILDREN = 2  # children kept forked and set up, waiting for a request
 
 
 class Child:
-    """A pre-forked child waiting for its request, with the pipes the server reads."""
+    """A child forked in the spawner, waiting for its request; the spawner keeps none of its
+    pipes (their other ends go to the server)."""
 
     def __init__(self, setup: dict) -> None:
         request_r, self.request_w = os.pipe()
         self.result_r, result_w = os.pipe()
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
-        self.cleaned = False
         self.uid = fresh_uid() if setup["uid_drop"] else None
         self.run_dir = prepare_run_dir(setup, self.uid)
         setup = {**setup, "uid": self.uid, "run_dir": self.run_dir}
@@ -363,6 +374,9 @@ class Child:
         for fd in (request_r, result_w, out_w, err_w):
             os.close(fd)
 
+    def server_fds(self) -> list[int]:
+        return [self.request_w, self.result_r, self.out_r, self.err_r]
+
 
 def prepare_run_dir(setup: dict, uid: int | None) -> str:
     base = setup["jail_dir"] + "/runs" if setup["jail"] else setup["scratch"]
@@ -374,14 +388,13 @@ def prepare_run_dir(setup: dict, uid: int | None) -> str:
     return run_dir
 
 
-def kill_everything(child: Child, kill_primitive_works: bool) -> None:
+def kill_everything(pid: int, uid: int | None, kill_primitive_works: bool) -> None:
     with contextlib.suppress(OSError):
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     # Under gVisor a scan of its small /proc is cheaper than forking a killer, and kill(-1)
     # cannot tell us when nothing is left there anyway.
-    if child.uid is not None and (kill_primitive_works or live_processes_of(child.uid, -1)):
-        kill_uid(child.uid)
-    reap()
+    if uid is not None and (kill_primitive_works or live_processes_of(uid, -1)):
+        kill_uid(uid)
 
 
 def kill_uid(uid: int) -> None:
@@ -421,20 +434,225 @@ def live_processes_of(uid: int, me: int) -> list[int]:
     return live
 
 
-def reap() -> None:
+def reap() -> list[tuple[int, int]]:
+    """(pid, raw wait status) of every child that has exited, orphans of runs included."""
+    reaped: list[tuple[int, int]] = []
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.append((pid, status))
+
+
+def send_message(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
+
+
+class Spawner:
+    """The spawner's loop: 'spawn' forks a ready child and hands its pipes to the server;
+    'clean' kills every process of a finished run, waits for them (and for the child's exit
+    status when asked) and wipes its directory. Exit statuses of run children go to the server
+    as they happen, so it learns at once when a program stops early."""
+
+    def __init__(self, sock: socket.socket, setup: dict) -> None:
+        self.sock = sock
+        self.setup = setup
+        self.children: dict[int, Child] = {}
+        self.unreaped: set[int] = set()
+        self.kill_primitive_works = not setup["limits"]["in_gvisor"]
+
+    def loop(self) -> None:
+        # Processes a run leaves behind are reparented here, to be killed with their uid and
+        # reaped, instead of piling up as zombies under the server.
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        while True:
+            ready, _, _ = select.select([self.sock.fileno(), wakeup_r], [], [])
+            if wakeup_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wakeup_r, 512):
+                        pass
+                self.report_exits(reap())
+            if self.sock.fileno() in ready:
+                messages = self.receive_all()
+                if messages is None:
+                    break
+                # The server waits for cleans before its next run; spawns refill the pool.
+                for message in sorted(messages, key=lambda m: m["op"] != "clean"):
+                    self.handle(message)
+        for pid in list(self.children):
+            self.clean({"pid": pid, "wait": True})
+
+    def receive_all(self) -> list[dict] | None:
+        messages: list[dict] = []
+        self.sock.setblocking(False)
+        try:
+            while True:
+                try:
+                    body = self.sock.recv(1 << 16)
+                except BlockingIOError:
+                    return messages
+                if not body:
+                    return None
+                messages.append(json.loads(body))
+        finally:
+            self.sock.setblocking(True)
+
+    def handle(self, message: dict) -> None:
+        if message["op"] == "spawn":
+            child = Child(self.setup)
+            self.children[child.pid] = child
+            self.unreaped.add(child.pid)
+            reply = {"op": "ready", "pid": child.pid, "uid": child.uid, "run_dir": child.run_dir}
+            send_message(self.sock, reply, child.server_fds())
+            for fd in child.server_fds():
+                os.close(fd)
+        elif message["op"] == "clean":
+            self.clean(message)
+
+    def clean(self, message: dict) -> None:
+        child = self.children.pop(message["pid"], None)
+        if child is not None:
+            kill_everything(child.pid, child.uid, self.kill_primitive_works)
+            if message.get("wait"):
+                self.report_exits(wait_for_exit(child.pid))
+            shutil.rmtree(child.run_dir, ignore_errors=True)
+        self.report_exits(reap())
+        send_message(self.sock, {"op": "cleaned", "pid": message["pid"]})
+
+    def report_exits(self, exits: list[tuple[int, int]]) -> None:
+        for pid, status in exits:
+            if pid in self.unreaped:  # a run's child; orphans it left are reaped silently
+                self.unreaped.discard(pid)
+                send_message(self.sock, {"op": "exit", "pid": pid, "status": status})
+
+
+def wait_for_exit(pid: int) -> list[tuple[int, int]]:
+    try:
+        done, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return []
+    return [(done, status)] if done else []
+
+
+def start_spawner(setup: dict) -> tuple[socket.socket, int]:
+    """Fork the spawner; it closes the server's host pipes so only the server talks to the host."""
+    server_end, spawner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            server_end.close()
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.close(null)
+            Spawner(spawner_end, setup).loop()
+        finally:
+            os._exit(0)
+    spawner_end.close()
+    return server_end, pid
+
+
+# ---------------------------------------------------------------- server loop (trusted side)
+
+
+class SpawnerGone(Exception):
+    """The spawner died: the server exits too, and the host restarts the whole worker."""
+
+
+class RunChild:
+    """The server's view of a ready child: its pid, uid, run directory and pipes."""
+
+    def __init__(self, message: dict, fds: list[int]) -> None:
+        self.pid: int = message["pid"]
+        self.uid: int | None = message["uid"]
+        self.run_dir: str = message["run_dir"]
+        self.request_w, self.result_r, self.out_r, self.err_r = fds
+        self.cleaned = False
+
+
+class SpawnerLink:
+    """The server's end of the spawner socket: ready children, exit statuses, clean acks."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.ready: deque[RunChild] = deque()
+        self.watching: set[int] = set()  # children handed to the server and not yet cleaned
+        self.exits: dict[int, int] = {}
+        self.cleaned: set[int] = set()
+
+    def spawn(self, count: int = 1) -> None:
+        for _ in range(count):
+            send_message(self.sock, {"op": "spawn"})
+
+    def clean(self, pid: int, wait_for_exit: bool) -> None:
+        send_message(self.sock, {"op": "clean", "pid": pid, "wait": wait_for_exit})
+
+    def pump(self, timeout: float | None) -> None:
+        """Take in every message the spawner has sent, waiting up to `timeout` for the first."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        while ready:
+            body, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+            if not body:
+                raise SpawnerGone("the spawner exited")
+            self.dispatch(json.loads(body), fds)
+            ready, _, _ = select.select([self.sock], [], [], 0)
+
+    def dispatch(self, message: dict, fds: list[int]) -> None:
+        op, pid = message["op"], message["pid"]
+        if op == "ready":
+            self.ready.append(RunChild(message, fds))
+            self.watching.add(pid)
+        elif op == "exit" and pid in self.watching:
+            self.exits[pid] = message["status"]
+        elif op == "cleaned":
+            self.cleaned.add(pid)
+
+    def take_child(self) -> RunChild:
+        while not self.ready:
+            self.pump(None)
+        return self.ready.popleft()
+
+    def exit_status(self, pid: int) -> int | None:
+        return self.exits.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while pid not in self.exits:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.pump(remaining)
+        return self.exits[pid]
+
+    def wait_cleaned(self, pid: int) -> None:
+        while pid not in self.cleaned:
+            self.pump(None)
+
+    def forget(self, pid: int) -> None:
+        """The run is over and cleaned: drop what is kept about it."""
+        self.wait_cleaned(pid)
+        self.cleaned.discard(pid)
+        self.watching.discard(pid)
+        self.exits.pop(pid, None)
+
+    def close(self) -> None:
+        """Closing the socket makes the spawner kill every child it has and exit."""
+        self.sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
 
 
 class Collector:
     """Reads the child's result messages and output until it finishes or breaks a limit."""
 
-    def __init__(self, child: Child, request: dict, limits: dict, wakeup_fd: int) -> None:
+    def __init__(self, child: RunChild, request: dict, limits: dict, link: SpawnerLink) -> None:
         self.child = child
         self.limits = limits
         self.messages: list[dict] = []
@@ -451,7 +669,7 @@ class Collector:
         self.exit_status: int | None = None
         self.calls = len(request["calls"])
         self.complete = False
-        self.wakeup_fd = wakeup_fd
+        self.link = link
 
     def deadline(self) -> float:
         wall_deadline = self.started + self.wall
@@ -467,9 +685,11 @@ class Collector:
             if remaining <= 0:
                 self.status = "timeout"
                 return
-            ready, _, _ = select.select([*open_fds, self.wakeup_fd], [], [], remaining)
-            if self.wakeup_fd in ready:
-                ready.remove(self.wakeup_fd)
+            link_fd = self.link.sock.fileno()
+            ready, _, _ = select.select([*open_fds, link_fd], [], [], remaining)
+            if link_fd in ready:
+                ready.remove(link_fd)
+                self.link.pump(0)
                 if self.child_exited():
                     # Processes it left behind may hold the pipes open: take what is written
                     # so far and stop; they are killed next.
@@ -510,13 +730,8 @@ class Collector:
                     return
 
     def child_exited(self) -> bool:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.wakeup_fd, 512):
-                pass
-        done, status = os.waitpid(self.child.pid, os.WNOHANG)
-        if done:
-            self.exit_status = status
-        return bool(done)
+        self.exit_status = self.link.exit_status(self.child.pid)
+        return self.exit_status is not None
 
     def take_output(self, fd: int, chunk: bytes) -> bool:
         cap = self.limits["max_output_bytes"]
@@ -566,26 +781,27 @@ class Collector:
         self.complete = not load_ok or len(self.messages) == 1 + self.calls
 
 
-def start_run(request: dict, child: Child, setup: dict) -> Collector:
-    """Hand the request to the pre-forked child; its limits count from here."""
-    collector = Collector(child, request, setup["limits"], setup["wakeup_fd"])
+def start_run(request: dict, child: RunChild, limits: dict, link: SpawnerLink) -> Collector:
+    """Hand the request to a ready child; its limits count from here."""
+    collector = Collector(child, request, limits, link)
     write_frame(child.request_w, json.dumps({k: request[k] for k in CHILD_KEYS}).encode())
     os.close(child.request_w)
     return collector
 
 
-def finish_run(collector: Collector, setup: dict) -> dict:
+def finish_run(collector: Collector, link: SpawnerLink) -> dict:
     """Wait for the program's results within its limits and report them raw. A program that
-    stopped early is reaped first so its exit status (e.g. SIGXCPU) can be reported."""
+    stopped early is given a moment to exit so its exit status (e.g. SIGXCPU) can be reported."""
     child = collector.child
     collector.collect()
     exit_status = collector.exit_status
     if exit_status is None and not collector.complete:
         if collector.status is None and not collector.garbled:
-            exit_status = wait_briefly(child.pid)
-        clean_up(child, setup)
+            exit_status = link.wait_exit(child.pid, 0.1)
+        clean_up(child, link, wait_for_exit=True)
+        link.wait_cleaned(child.pid)
         if exit_status is None:
-            exit_status = exit_status_or_none(child.pid)
+            exit_status = link.exit_status(child.pid)
     return {
         "status": collector.status,
         "garbled": collector.garbled,
@@ -597,45 +813,26 @@ def finish_run(collector: Collector, setup: dict) -> dict:
     }
 
 
-def clean_up(child: Child, setup: dict) -> None:
-    """Kill every process of the run, close its pipes and wipe its directory (idempotent)."""
+def clean_up(child: RunChild, link: SpawnerLink, wait_for_exit: bool = False) -> None:
+    """Close the run's pipes and have the spawner kill every process of the run and wipe its
+    directory (idempotent). The next run starts only once that is done (`link.forget`)."""
     if child.cleaned:
         return
     child.cleaned = True
-    kill_everything(child, not setup["limits"]["in_gvisor"])
     for fd in (child.result_r, child.out_r, child.err_r):
         os.close(fd)
-    shutil.rmtree(child.run_dir, ignore_errors=True)
+    link.clean(child.pid, wait_for_exit)
 
 
 CHILD_KEYS = ("program", "prelude", "runner", "calls")
 
 
-def wait_briefly(pid: int) -> int | None:
-    """Raw wait status once the child closed its pipes; None if it lingers (it is killed)."""
-    for _ in range(200):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.0005)
-    return None
-
-
-def exit_status_or_none(pid: int) -> int | None:
-    try:
-        done, status = os.waitpid(pid, 0)
-    except ChildProcessError:
-        return None
-    return status if done else None
-
-
 def serve(config: dict) -> None:
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wakeup_w)  # SIGCHLD wakes select() when the child exits
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    # Under gVisor the server is init: orphans that escape the spawner's subreaping end up
+    # here, and an ignored SIGCHLD has the kernel reap them.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     is_root = os.geteuid() == 0
     caps = try_unshare_network_and_mounts() if is_root else {"netns": False, "mountns": False}
     tmpfs_bytes = max(64 << 20, 4 * config["max_file_bytes"])
@@ -644,34 +841,42 @@ def serve(config: dict) -> None:
         is_root and (caps["mountns"] or config["in_gvisor"]) and build_jail(jail_dir, tmpfs_bytes)
     )
     setup = {"jail": jail, "jail_dir": jail_dir, "uid_drop": is_root, "limits": config}
-    setup.update(scratch=config["scratch"], counter=0, wakeup_fd=wakeup_r)
+    setup.update(scratch=config["scratch"], counter=0)
+    link = SpawnerLink(*start_spawner(setup))
+    link.spawn(READY_CHILDREN)
     stdin, stdout = 0, os.dup(1)
     os.dup2(os.open("/dev/null", os.O_WRONLY), 1)  # stray prints can never reach the host
     hello = {"jail": jail, "uid_drop": is_root, **caps, "pid": os.getpid()}
     write_frame(stdout, json.dumps({"hello": hello}).encode())
-    child = Child(setup)
+    try:
+        serve_requests(stdin, stdout, config, link)
+    finally:
+        link.close()
+
+
+def serve_requests(stdin: int, stdout: int, limits: dict, link: SpawnerLink) -> None:
+    previous: RunChild | None = None
     while True:
         try:
             request = json.loads(read_frame(stdin))
         except EOFError:
-            break
-        collector = start_run(request, child, setup)
-        # The next child is forked while this program runs (the fork is slow under gVisor) and
-        # before this run's secret, which follows in its own frame, is read: no child ever
-        # holds the secret that signs its own results.
-        next_child = Child(setup)
-        reply = json.dumps(finish_run(collector, setup)).encode()
+            return
+        if previous is not None:
+            link.forget(previous.pid)  # nothing of the last run is alive when this one starts
+        child = link.take_child()
+        link.spawn()  # refill the pool while this program runs
+        collector = start_run(request, child, limits, link)
+        reply = json.dumps(finish_run(collector, link)).encode()
         try:
+            # The run's secret comes in its own frame, read only now: no child, and not the
+            # spawner, ever holds the secret that signs a run's results.
             secret = read_frame(stdin)
         except EOFError:
-            clean_up(child, setup)
-            child = next_child
-            break
+            return
         write_frame(stdout, reply + hmac.new(secret, reply, hashlib.sha256).digest())
         del secret
-        clean_up(child, setup)  # after the reply: the host reads it while this runs
-        child = next_child
-    clean_up(child, setup)
+        clean_up(child, link)  # the spawner cleans while the host reads the reply
+        previous = child
 
 
 if __name__ == "__main__":
