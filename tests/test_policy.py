@@ -11,8 +11,8 @@ from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy import GenerationRequest, PolicyEngine, resolve_dtype, resolve_quantization
 from codeq.policy.critique import parse_score, q_ai_from
 from codeq.policy.engine import (
+    StopTracker,
     closes_code_block,
-    code_block_stopper,
     cut_after_code_block,
     gives_score,
 )
@@ -71,21 +71,43 @@ def test_prompts_are_cut_from_the_top(tiny_model_dir):
     assert engine.tokenizer.decode(ids).endswith("assistant\n")
 
 
-def test_code_block_stopper_stops_each_sequence_at_its_closing_fence(tiny_engine):
+def test_stop_tracker_stops_each_sequence_at_its_closing_fence(tiny_engine):
     tok = tiny_engine.tokenizer
     texts = ["```python\nx = 1\n```", "no code here, just words and more words"]
     rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    width = max(len(r) for r in rows)
-    rows = [r + [tok.encode(" a", add_special_tokens=False)[0]] * (width - len(r)) for r in rows]
-    stopper = code_block_stopper(tok, 0, 2, ["code", "code"])
-    first_done = [None, None]
-    for step in range(1, width + 1):
-        done = stopper(torch.tensor([r[:step] for r in rows]), None).tolist()
-        for i, flag in enumerate(done):
-            if flag and first_done[i] is None:
-                first_done[i] = step
-    assert first_done == [len(tok(texts[0], add_special_tokens=False)["input_ids"]), None]
-    assert stopper.lengths[0] == first_done[0]
+    tracker = StopTracker(tok, ["code", "code"])
+    first_done: list[int | None] = [None, None]
+    for row, ids in enumerate(rows):
+        for step, token in enumerate(ids, start=1):
+            if tracker.update(row, token, step) and first_done[row] is None:
+                first_done[row] = step
+    assert first_done == [len(rows[0]), None]
+    assert tracker.lengths == [len(rows[0]), None]
+
+
+def test_greedy_decoding_matches_transformers_generate(tiny_engine):
+    """Our loop (shared prompt prefill, padded cache, finished rows dropped) picks the same
+    tokens as `model.generate` on the same prompts."""
+    prompts = ["Fix this.", "A much longer prompt about a buggy program that needs fixing."]
+    requests = [
+        GenerationRequest(chat(p), n=2, temperature=0.0, max_new_tokens=10, stop="none")
+        for p in prompts
+    ]
+    ours = tiny_engine.generate(requests)
+    tok, model = tiny_engine.tokenizer, tiny_engine.model
+    for request, result in zip(requests, ours, strict=True):
+        ids = torch.tensor([tiny_engine.encode_chat(request.messages)])
+        with torch.inference_mode():
+            reference = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=10,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tiny_engine._eos,
+            )
+        expected = tok.decode(reference[0, ids.shape[1] :], skip_special_tokens=True)
+        assert result.texts == [expected, expected]
 
 
 def test_fence_and_score_helpers():

@@ -9,9 +9,10 @@ Device, dtype and quantization are resolved from `PolicyConfig`:
   ConfigError (bitsandbytes' 4-bit kernels are CUDA kernels).
 
 Generation groups requests with the same sampling settings, expands each request into `n`
-sequences, sorts them by prompt length (less padding) and runs chunks of `batch_size`
-sequences through one left-padded `model.generate` call each. A per-sequence stopping criterion
-ends a sequence at the close of its first fenced code block.
+sequences, sorts them by prompt length (less padding) and decodes chunks of `batch_size`
+sequences together in our own loop: each distinct prompt is read once and its KV cache shared by
+its `n` samples (on CPU reading prompts dominates), and a sequence leaves the batch as soon as it
+stops (at EOS, or at the close of its first fenced code block).
 """
 
 from __future__ import annotations
@@ -138,48 +139,36 @@ def resolve_model_path(model: str, cache_dir: str) -> str:
 # ---------------------------------------------------------------- stopping
 
 
-def code_block_stopper(
-    tokenizer: Any, prompt_width: int, batch: int, kinds: list[StopKind], prefix: str = ""
-) -> Any:
-    import torch
-    from transformers import StoppingCriteria
+class StopTracker:
+    """Per sequence: done at EOS, or (stop='code') when the first fenced block closes, or
+    (stop='score') at the end of the line giving a score. Records each sequence's completion
+    length (the EOS token counted, padding never)."""
 
-    eos_ids = _eos_ids(tokenizer)
+    def __init__(self, tokenizer: Any, kinds: list[StopKind], prefix: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = _eos_ids(tokenizer)
+        self.kinds = kinds
+        self.tails = [prefix] * len(kinds)
+        self.lengths: list[int | None] = [None] * len(kinds)
 
-    class CodeBlockStop(StoppingCriteria):
-        """Per sequence: done at EOS, or (stop='code') when the first fenced block closes.
-        Records each sequence's real completion length (padding excluded)."""
-
-        def __init__(self) -> None:
-            self.tails = [prefix] * batch
-            self.lengths: list[int | None] = [None] * batch
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            step = input_ids.shape[1] - prompt_width
-            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            last = input_ids[:, -1].tolist()
-            for row, token in enumerate(last):
-                if self.lengths[row] is not None:
-                    done[row] = True
-                    continue
-                if token in eos_ids:
-                    self.lengths[row] = step
-                    done[row] = True
-                    continue
-                if kinds[row] == "none":
-                    continue
-                self.tails[row] += tokenizer.decode([token])
-                finished = (
-                    closes_code_block(self.tails[row])
-                    if kinds[row] == "code"
-                    else gives_score(self.tails[row])
-                )
-                if finished:
-                    self.lengths[row] = step
-                    done[row] = True
-            return done
-
-    return CodeBlockStop()
+    def update(self, row: int, token: int, step: int) -> bool:
+        """Take sequence `row`'s `step`-th new token (from 1); True once it is finished."""
+        if self.lengths[row] is not None:
+            return True
+        if token in self.eos_ids:
+            self.lengths[row] = step
+            return True
+        if self.kinds[row] == "none":
+            return False
+        self.tails[row] += self.tokenizer.decode([token])
+        finished = (
+            closes_code_block(self.tails[row])
+            if self.kinds[row] == "code"
+            else gives_score(self.tails[row])
+        )
+        if finished:
+            self.lengths[row] = step
+        return finished
 
 
 def closes_code_block(text: str) -> bool:
@@ -359,44 +348,69 @@ class PolicyEngine:
     def _generate_chunk(
         self, chunk: list[_Sequence], settings: GenerationRequest
     ) -> list[tuple[str, int]]:
+        """Sample every sequence of `chunk` to its stop, in one batch:
+        1. read each distinct prompt once (its n samples share the prompt's KV cache),
+        2. give every sequence a copy of its prompt's cache, left-padded to one width,
+        3. decode one token per live sequence per step, and drop finished sequences from
+           the batch so the long tail is not paid for by the whole chunk."""
         import torch
 
-        width = max(len(s.prompt_ids) for s in chunk)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor(
-            [[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in chunk],
-            device=self.model.device,
-        )
-        attention = torch.tensor(
-            [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in chunk],
-            device=self.model.device,
-        )
-        stopper = code_block_stopper(
-            self.tokenizer, width, len(chunk), [settings.stop] * len(chunk), settings.prefix
-        )
-        sampling: dict[str, Any] = {"do_sample": False}
-        if settings.temperature > 0:
-            sampling = {
-                "do_sample": True,
-                "temperature": settings.temperature,
-                "top_p": settings.top_p,
-                "top_k": 0,
-            }
+        tracker = StopTracker(self.tokenizer, [settings.stop] * len(chunk), settings.prefix)
         with torch.inference_mode():
-            output = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                max_new_tokens=settings.max_new_tokens,
-                stopping_criteria=[stopper],
-                pad_token_id=pad,
-                eos_token_id=self._eos,
-                **sampling,
+            # 1. one prefill per distinct prompt
+            prefills = {s.request: self._prefill(s.prompt_ids) for s in chunk}
+            # 2. one left-padded batch over all sequences
+            width = max(len(s.prompt_ids) for s in chunk)
+            cache = _stack_caches(
+                self.model.config,
+                [prefills[s.request][0] for s in chunk],
+                [width - len(s.prompt_ids) for s in chunk],
+                width + settings.max_new_tokens,
             )
-        generated = output[:, width:].tolist()
+            logits = torch.cat([prefills[s.request][1] for s in chunk])
+            del prefills
+            device = self.model.device
+            # Over the whole preallocated cache: later positions are hidden by causality.
+            attention = torch.tensor(
+                [
+                    [0] * (width - len(s.prompt_ids))
+                    + [1] * (len(s.prompt_ids) + settings.max_new_tokens)
+                    for s in chunk
+                ],
+                device=device,
+            )
+            positions = torch.tensor([len(s.prompt_ids) for s in chunk], device=device)
+            live = list(range(len(chunk)))  # batch row -> index in chunk
+            tokens: list[list[int]] = [[] for _ in chunk]
+            # 3. decode
+            for step in range(1, settings.max_new_tokens + 1):
+                chosen = _sample(logits, settings.temperature, settings.top_p)
+                keep = []
+                for row, token in enumerate(chosen.tolist()):
+                    tokens[live[row]].append(token)
+                    if not tracker.update(live[row], token, step):
+                        keep.append(row)
+                if not keep or step == settings.max_new_tokens:
+                    break
+                if len(keep) < len(live):
+                    index = torch.tensor(keep, device=device)
+                    _select_rows(cache, index)
+                    attention, positions, chosen = attention[index], positions[index], chosen[index]
+                    live = [live[row] for row in keep]
+                output = self.model(
+                    input_ids=chosen[:, None],
+                    attention_mask=attention,
+                    position_ids=positions[:, None],
+                    past_key_values=cache,
+                    cache_position=torch.tensor([width + step - 1], device=device),
+                    use_cache=True,
+                )
+                logits = output.logits[:, -1]
+                positions = positions + 1
         results: list[tuple[str, int]] = []
-        for row, tokens in enumerate(generated):
-            count = stopper.lengths[row] or len(tokens)
-            text = self.tokenizer.decode(tokens[:count], skip_special_tokens=True)
+        for row, generated in enumerate(tokens):
+            count = tracker.lengths[row] or len(generated)
+            text = self.tokenizer.decode(generated[:count], skip_special_tokens=True)
             if settings.stop == "code":
                 text = cut_after_code_block(text)
             results.append((text, count))
@@ -405,6 +419,59 @@ class PolicyEngine:
         self.stats.batch_sizes.append(len(chunk))
         self.stats.completion_tokens += sum(count for _, count in results)
         return results
+
+    def _prefill(self, prompt_ids: list[int]) -> tuple[Any, Any]:
+        """(KV cache, next-token logits) of one prompt, read without padding."""
+        import torch
+
+        ids = torch.tensor([prompt_ids], device=self.model.device)
+        output = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return output.past_key_values, output.logits[:, -1]
+
+
+def _stack_caches(config: Any, caches: list[Any], left_pads: list[int], max_length: int) -> Any:
+    """One preallocated batch cache (`max_length` positions) holding the single-prompt caches,
+    each left-padded by zeros (masked out). Preallocated, a decode step writes one position in
+    place instead of copying the whole cache as a growing cache does (on CPU that copy, not
+    the model, dominated large batches)."""
+    import torch
+    from transformers import StaticCache
+
+    def padded(tensor: Any, pad: int) -> Any:
+        return torch.nn.functional.pad(tensor, (0, 0, pad, 0)) if pad else tensor
+
+    batch = StaticCache(config=config, max_cache_len=max_length)
+    for layer in range(len(caches[0].layers)):
+        keys = [padded(c.layers[layer].keys, p) for c, p in zip(caches, left_pads, strict=True)]
+        values = [padded(c.layers[layer].values, p) for c, p in zip(caches, left_pads, strict=True)]
+        batch.update(torch.cat(keys), torch.cat(values), layer)
+    return batch
+
+
+def _select_rows(cache: Any, index: Any) -> None:
+    """Keep only the batch rows in `index` (finished sequences leave the batch)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+        if hasattr(layer, "max_batch_size"):
+            layer.max_batch_size = len(index)
+
+
+def _sample(logits: Any, temperature: float, top_p: float) -> Any:
+    """Greedy at temperature 0; else nucleus sampling at `temperature` (fp32 softmax)."""
+    import torch
+
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    scaled = logits.float() / temperature
+    if top_p < 1.0:
+        ordered, order = torch.sort(scaled, descending=True, dim=-1)
+        probabilities = ordered.softmax(dim=-1)
+        # Drop a token once the ones before it already cover top_p (the first always stays).
+        beyond = probabilities.cumsum(dim=-1) - probabilities > top_p
+        ordered = ordered.masked_fill(beyond, float("-inf"))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)
+    return torch.multinomial(scaled.softmax(dim=-1), num_samples=1).squeeze(-1)
 
 
 def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:
