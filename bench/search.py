@@ -64,7 +64,9 @@ def measure(
     from codeq.search import run_search
 
     torch.manual_seed(seed)
-    before = engine.stats.calls, engine.stats.sequences, engine.stats.seconds
+    stats = engine.stats
+    before = stats.calls, stats.sequences, stats.seconds, stats.prompt_tokens
+    prefilled_before = stats.prefilled_tokens
     started = time.perf_counter()
     trajectories = run_search(tasks, engine, sandbox, config, mode="mcts")
     seconds = time.perf_counter() - started
@@ -79,6 +81,8 @@ def measure(
         "seconds": round(seconds, 2),
         "completion_tokens": completion,
         "prompt_tokens": sum(t.prompt_tokens for t in trajectories),
+        "prompt_tokens_read": stats.prefilled_tokens - prefilled_before,
+        "prompt_tokens_requested": stats.prompt_tokens - before[3],
         "tokens_per_s": round(completion / seconds, 2),
         "tasks_per_hour": round(len(trajectories) / seconds * 3600, 1),
         "generate_seconds": round(generating, 2),
@@ -90,7 +94,8 @@ def measure(
     print(
         f"{label:>22}: {result['tokens_per_s']:8.1f} tok/s  {result['tasks_per_hour']:8.1f} "
         f"tasks/h  ({completion} tokens, {seconds:.1f}s of which {generating:.1f}s in generate, "
-        f"mean batch {result['mean_batch']})",
+        f"mean batch {result['mean_batch']}, prompt tokens read "
+        f"{result['prompt_tokens_read']} of {result['prompt_tokens_requested']})",
         flush=True,
     )
     return result

@@ -104,6 +104,13 @@ class PolicyConfig(Section):
     batch_size: int = Field(16, ge=1, description="Largest number of sequences per generate call.")
     max_new_tokens: int = Field(768, ge=16, description="Token budget of one rewrite.")
     max_prompt_tokens: int = Field(3072, ge=64, description="Longer prompts are cut from the top.")
+    prefix_cache_tokens: int = Field(
+        32768,
+        ge=0,
+        description="Prompt tokens whose KV cache is kept for reuse: a prompt that extends one "
+        "read before (a deeper node's prompt extends its parent's; sibling critiques share the "
+        "problem) reads only its new tokens. 0 turns the cache off.",
+    )
     critique_temperature: float = Field(0.2, ge=0.0, le=2.0, description="Critique sampling temp.")
     critique_max_new_tokens: int = Field(128, ge=8, description="Token budget of one critique.")
     critique: bool = Field(True, description="Ask the model to score each rewrite (Q_ai).")

@@ -110,6 +110,40 @@ def test_greedy_decoding_matches_transformers_generate(tiny_engine):
         assert result.texts == [expected, expected]
 
 
+def test_prefix_cache_reads_only_new_tokens_and_changes_no_output(tiny_model_dir):
+    def engine(cache_tokens: int) -> PolicyEngine:
+        config = PolicyConfig(
+            model=str(tiny_model_dir), dtype="float32", prefix_cache_tokens=cache_tokens
+        )
+        return PolicyEngine.load(config, seed=0)
+
+    problem = "Fix this program so that it returns the sum of a list. " * 8
+    first = chat(problem)
+    deeper = [
+        *first,
+        ChatMessage(role="assistant", content="```python\ndef f(xs):\n    return 0\n```"),
+        ChatMessage(role="user", content="It fails f([1, 2]): expected 3."),
+    ]
+    siblings = [chat(problem + tail) for tail in ("def f(xs): pass", "def f(ys): return 1")]
+    batches = [[first], [deeper], siblings]
+    outputs = {}
+    for cache_tokens in (0, 4096):
+        policy = engine(cache_tokens)
+        texts = []
+        for messages in batches:
+            requests = [
+                GenerationRequest(m, n=2, temperature=0.0, max_new_tokens=8, stop="none")
+                for m in messages
+            ]
+            texts.append([r.texts for r in policy.generate(requests)])
+        outputs[cache_tokens] = (texts, policy.stats)
+    assert outputs[4096][0] == outputs[0][0]
+    without, with_cache = outputs[0][1], outputs[4096][1]
+    assert without.prefilled_tokens == without.prompt_tokens
+    # The deeper prompt reads only the turn it adds; the siblings share the problem.
+    assert with_cache.prefilled_tokens < 0.6 * without.prefilled_tokens
+
+
 def test_fence_and_score_helpers():
     assert gives_score("I think so.\nScore: 7/10\n") and not gives_score("Score: 7")
     assert closes_code_block("Sure:\n```python\nx = 1\n```")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ class GenerationStats:
     calls: int = 0
     sequences: int = 0
     prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens run through the model (the rest came from cache)
     completion_tokens: int = 0
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
@@ -226,6 +228,7 @@ class PolicyEngine:
         batch_size: int = 16,
         max_prompt_tokens: int = 3072,
         quantization: str = "none",
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -235,6 +238,7 @@ class PolicyEngine:
         self.max_prompt_tokens = max_prompt_tokens
         self.quantization = quantization
         self.stats = GenerationStats()
+        self.prefixes = PrefixCache(prefix_cache_tokens)
         self._eos = sorted(_eos_ids(tokenizer))
 
     @property
@@ -291,6 +295,7 @@ class PolicyEngine:
             batch_size=config.batch_size,
             max_prompt_tokens=config.max_prompt_tokens,
             quantization=quantization,
+            prefix_cache_tokens=config.prefix_cache_tokens,
         )
 
     # -------------------------------------------------------------- tokens
@@ -318,6 +323,10 @@ class PolicyEngine:
         if seed is not None:
             torch.manual_seed(seed)
         prompts = [self.encode_chat(r.messages, r.prefix) for r in requests]
+        if self.prefixes.max_tokens:
+            # Across the whole call: sorted by length into chunks, siblings can part ways.
+            with torch.inference_mode():
+                self._prefill_shared_prefixes(prompts)
         texts: list[list[str]] = [[] for _ in requests]
         lengths: list[list[int]] = [[] for _ in requests]
         seconds = [0.0] * len(requests)
@@ -357,8 +366,9 @@ class PolicyEngine:
 
         tracker = StopTracker(self.tokenizer, [settings.stop] * len(chunk), settings.prefix)
         with torch.inference_mode():
-            # 1. one prefill per distinct prompt
-            prefills = {s.request: self._prefill(s.prompt_ids) for s in chunk}
+            # 1. one prefill per distinct prompt (shared prefixes were read once before)
+            distinct = {s.request: s.prompt_ids for s in chunk}
+            prefills = {request: self._prefill(ids) for request, ids in distinct.items()}
             # 2. one left-padded batch over all sequences
             width = max(len(s.prompt_ids) for s in chunk)
             cache = _stack_caches(
@@ -421,12 +431,81 @@ class PolicyEngine:
         return results
 
     def _prefill(self, prompt_ids: list[int]) -> tuple[Any, Any]:
-        """(KV cache, next-token logits) of one prompt, read without padding."""
+        """(KV cache, next-token logits) of one prompt, read without padding; only the tokens
+        after the longest prefix already in the prefix cache go through the model."""
         import torch
 
-        ids = torch.tensor([prompt_ids], device=self.model.device)
-        output = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        reused, cache = self.prefixes.longest_prefix(prompt_ids)
+        ids = torch.tensor([prompt_ids[reused:]], device=self.model.device)
+        output = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.stats.prefilled_tokens += len(prompt_ids) - reused
+        self.prefixes.add(prompt_ids, output.past_key_values)
         return output.past_key_values, output.logits[:, -1]
+
+    def _prefill_shared_prefixes(self, prompts: list[list[int]]) -> None:
+        """Read once the long prefix that several of these prompts share (sibling critiques
+        differ only in the program at the end), so each then reads only its own tail."""
+        ordered = sorted(prompts)
+        for before, after in zip(ordered, ordered[1:], strict=False):
+            shared = _common_prefix_length(before, after)
+            worth_it = MIN_SHARED_PREFIX <= shared < min(len(before), len(after))
+            if worth_it and self.prefixes.longest_prefix(before[:shared])[0] < shared - 1:
+                self._prefill(before[:shared])
+
+
+MIN_SHARED_PREFIX = 64  # tokens; shorter shared prefixes are not worth a separate prefill
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+class PrefixCache:
+    """KV caches of prompts read before, least recently used dropped first, within a budget of
+    `max_tokens` prompt tokens. A lookup returns a copy that the model may extend freely."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self.tokens = 0
+
+    def longest_prefix(self, prompt_ids: list[int]) -> tuple[int, Any]:
+        """(tokens reused, cache copy or None) for the longest cached prefix of the prompt; at
+        least one token is always left to read, since its logits start the completion."""
+        best: tuple[int, ...] | None = None
+        for key in self.entries:
+            if len(key) > len(best or ()) and tuple(prompt_ids[: len(key)]) == key:
+                best = key
+        if best is None:
+            return 0, None
+        self.entries.move_to_end(best)
+        reused = min(len(best), len(prompt_ids) - 1)
+        return reused, _cache_copy(self.entries[best], reused)
+
+    def add(self, prompt_ids: list[int], cache: Any) -> None:
+        key = tuple(prompt_ids)
+        if self.max_tokens < len(key) or key in self.entries:
+            return
+        self.entries[key] = _cache_copy(cache, len(key))
+        self.tokens += len(key)
+        while self.tokens > self.max_tokens:
+            dropped, _ = self.entries.popitem(last=False)
+            self.tokens -= len(dropped)
+
+
+def _cache_copy(cache: Any, length: int) -> Any:
+    """A cache holding the first `length` positions of `cache`, sharing its tensors: the model
+    appends by making new tensors, so the original is never changed."""
+    from transformers import DynamicCache
+
+    return DynamicCache(
+        [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
+    )
 
 
 def _stack_caches(config: Any, caches: list[Any], left_pads: list[int], max_length: int) -> Any:
