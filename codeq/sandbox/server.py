@@ -485,8 +485,10 @@ class Spawner:
                 # The server waits for cleans before its next run; spawns refill the pool.
                 for message in sorted(messages, key=lambda m: m["op"] != "clean"):
                     self.handle(message)
-        for pid in list(self.children):
-            self.clean({"pid": pid, "wait": True})
+        # The server is gone: end what is left without reporting to it.
+        for child in self.children.values():
+            end_run(child, self.kill_primitive_works, wait_for_exit=True)
+        reap()
 
     def receive_all(self) -> list[dict] | None:
         messages: list[dict] = []
@@ -518,10 +520,8 @@ class Spawner:
     def clean(self, message: dict) -> None:
         child = self.children.pop(message["pid"], None)
         if child is not None:
-            kill_everything(child.pid, child.uid, self.kill_primitive_works)
-            if message.get("wait"):
-                self.report_exits(wait_for_exit(child.pid))
-            shutil.rmtree(child.run_dir, ignore_errors=True)
+            wait = bool(message.get("wait"))
+            self.report_exits(end_run(child, self.kill_primitive_works, wait))
         self.report_exits(reap())
         send_message(self.sock, {"op": "cleaned", "pid": message["pid"]})
 
@@ -532,7 +532,16 @@ class Spawner:
                 send_message(self.sock, {"op": "exit", "pid": pid, "status": status})
 
 
-def wait_for_exit(pid: int) -> list[tuple[int, int]]:
+def end_run(child: Child, kill_primitive_works: bool, wait_for_exit: bool) -> list[tuple[int, int]]:
+    """Kill every process of the run and wipe its directory; with `wait_for_exit`, the
+    child's (pid, exit status) once it is gone."""
+    kill_everything(child.pid, child.uid, kill_primitive_works)
+    exits = exit_of(child.pid) if wait_for_exit else []
+    shutil.rmtree(child.run_dir, ignore_errors=True)
+    return exits
+
+
+def exit_of(pid: int) -> list[tuple[int, int]]:
     try:
         done, status = os.waitpid(pid, 0)
     except ChildProcessError:
