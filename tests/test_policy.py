@@ -104,7 +104,7 @@ def test_greedy_decoding_matches_transformers_generate(tiny_engine):
                 max_new_tokens=10,
                 do_sample=False,
                 pad_token_id=tok.pad_token_id,
-                eos_token_id=tiny_engine._eos,
+                eos_token_id=sorted(StopTracker(tok, []).eos_ids),
             )
         expected = tok.decode(reference[0, ids.shape[1] :], skip_special_tokens=True)
         assert result.texts == [expected, expected]

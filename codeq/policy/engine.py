@@ -239,7 +239,6 @@ class PolicyEngine:
         self.quantization = quantization
         self.stats = GenerationStats()
         self.prefixes = PrefixCache(prefix_cache_tokens)
-        self._eos = sorted(_eos_ids(tokenizer))
 
     @property
     def dtype(self) -> Any:
