@@ -8,11 +8,11 @@ Device, dtype and quantization are resolved from `PolicyConfig`:
 - quantization 'auto': 4-bit NF4 via bitsandbytes on CUDA, none on CPU. 'nf4' on CPU is a
   ConfigError (bitsandbytes' 4-bit kernels are CUDA kernels).
 
-Generation groups requests with the same sampling settings, expands each request into `n`
-sequences, sorts them by prompt length (less padding) and decodes chunks of `batch_size`
-sequences together in our own loop: each distinct prompt is read once and its KV cache shared by
-its `n` samples (on CPU reading prompts dominates), and a sequence leaves the batch as soon as it
-stops (at EOS, or at the close of its first fenced code block).
+Generation (`generate`) reads every distinct prompt of a call once, reusing the longest prefix
+kept in the prefix cache and reading the tails of many prompts in one forward (`PromptBatch`);
+then decodes chunks of `batch_size` sequences in our own loop, each prompt's KV kept once for
+all its samples (`DecodeBatch`). A sequence leaves the batch as soon as it stops (at EOS, at the
+close of its first fenced code block, or after the line giving a score).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,12 @@ from typing import Any, Literal
 
 from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
+from codeq.policy.attention import batch_attention
+from codeq.policy.decode_batch import DecodeBatch
 from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
+from codeq.policy.prefix_cache import LayerKV, PrefixCache
+from codeq.policy.prompt_batch import PromptBatch
+from codeq.policy.sampling import sample_tokens
 from codeq.schemas import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,8 @@ class GenerationRequest:
     prefix: str = ""  # start of the assistant's answer, written for the model (e.g. "Score: ")
     stop: StopKind = "code"  # 'code': end at the close of the first fenced block; 'score': at
     # the end of the line giving a score; 'none': EOS or max_new_tokens only
+    keep_cache: bool = False  # keep each completion's KV for reuse: the caller will continue
+    # this conversation (a critique of the rewrite, a refinement of it)
 
 
 @dataclass
@@ -297,6 +303,14 @@ class PolicyEngine:
             prefix_cache_tokens=config.prefix_cache_tokens,
         )
 
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id or 0)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every kept prompt (benchmarks start each condition cold)."""
+        self.prefixes.clear()
+
     # -------------------------------------------------------------- tokens
 
     def encode_chat(self, messages: Sequence[ChatMessage], prefix: str = "") -> list[int]:
@@ -322,13 +336,18 @@ class PolicyEngine:
         if seed is not None:
             torch.manual_seed(seed)
         prompts = [self.encode_chat(r.messages, r.prefix) for r in requests]
-        if self.prefixes.max_tokens:
-            # Across the whole call: sorted by length into chunks, siblings can part ways.
-            with torch.inference_mode():
-                self._prefill_shared_prefixes(prompts)
+        # 1. read every distinct prompt once, in batches (its samples share its KV)
+        began = time.perf_counter()
+        with torch.inference_mode():
+            if self.prefixes.max_tokens:
+                self._read_prompts(self._shared_prefixes(prompts))
+            distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+            read = dict(zip(distinct, self._read_prompts([list(p) for p in distinct]), strict=True))
+        reading = time.perf_counter() - began
+        self.stats.seconds += reading
         texts: list[list[str]] = [[] for _ in requests]
         lengths: list[list[int]] = [[] for _ in requests]
-        seconds = [0.0] * len(requests)
+        seconds = [reading / len(requests)] * len(requests)
         for group in _group_by_settings(requests):
             sequences = [
                 _Sequence(index, prompts[index])
@@ -339,7 +358,7 @@ class PolicyEngine:
             for start in range(0, len(sequences), self.batch_size):
                 chunk = sequences[start : start + self.batch_size]
                 began = time.perf_counter()
-                outputs = self._generate_chunk(chunk, requests[group[0]])
+                outputs = self._generate_chunk(chunk, requests[group[0]], read)
                 self.stats.seconds += time.perf_counter() - began
                 spent = (time.perf_counter() - began) / len(chunk)
                 for sequence, (text, count) in zip(chunk, outputs, strict=True):
@@ -354,68 +373,51 @@ class PolicyEngine:
         return results
 
     def _generate_chunk(
-        self, chunk: list[_Sequence], settings: GenerationRequest
+        self, chunk: list[_Sequence], settings: GenerationRequest, read: dict[tuple[int, ...], Any]
     ) -> list[tuple[str, int]]:
-        """Sample every sequence of `chunk` to its stop, in one batch:
-        1. read each distinct prompt once (its n samples share the prompt's KV cache),
-        2. give every sequence a copy of its prompt's cache, left-padded to one width,
-        3. decode one token per live sequence per step, and drop finished sequences from
-           the batch so the long tail is not paid for by the whole chunk."""
+        """Sample every sequence of `chunk` to its stop, in one batch: each step decodes one
+        token per live sequence against the prompts' KV (`read`, kept once per prompt), and
+        finished sequences leave the batch at once, so the long tail is not paid for by the
+        whole chunk (their KV is kept when the caller will continue the conversation)."""
         import torch
 
         tracker = StopTracker(self.tokenizer, [settings.stop] * len(chunk), settings.prefix)
+        tokens: list[list[int]] = [[] for _ in chunk]
         with torch.inference_mode():
-            # 1. one prefill per distinct prompt (shared prefixes were read once before)
-            distinct = {s.request: s.prompt_ids for s in chunk}
-            prefills = {request: self._prefill(ids) for request, ids in distinct.items()}
-            # 2. one left-padded batch over all sequences
-            width = max(len(s.prompt_ids) for s in chunk)
-            cache = _stack_caches(
-                self.model.config,
-                [prefills[s.request][0] for s in chunk],
-                [width - len(s.prompt_ids) for s in chunk],
-                width + settings.max_new_tokens,
-            )
-            logits = torch.cat([prefills[s.request][1] for s in chunk])
-            del prefills
-            device = self.model.device
-            # Over the whole preallocated cache: later positions are hidden by causality.
-            attention = torch.tensor(
-                [
-                    [0] * (width - len(s.prompt_ids))
-                    + [1] * (len(s.prompt_ids) + settings.max_new_tokens)
-                    for s in chunk
-                ],
-                device=device,
-            )
-            positions = torch.tensor([len(s.prompt_ids) for s in chunk], device=device)
+            distinct = list(dict.fromkeys(tuple(s.prompt_ids) for s in chunk))
+            owners = [distinct.index(tuple(s.prompt_ids)) for s in chunk]
+            batch = DecodeBatch([read[p][0] for p in distinct], owners, settings.max_new_tokens)
+            logits = torch.cat([read[distinct[owner]][1] for owner in owners])
             live = list(range(len(chunk)))  # batch row -> index in chunk
-            tokens: list[list[int]] = [[] for _ in chunk]
-            # 3. decode
-            for step in range(1, settings.max_new_tokens + 1):
-                chosen = _sample(logits, settings.temperature, settings.top_p)
-                keep = []
-                for row, token in enumerate(chosen.tolist()):
-                    tokens[live[row]].append(token)
-                    if not tracker.update(live[row], token, step):
-                        keep.append(row)
-                if not keep or step == settings.max_new_tokens:
-                    break
-                if len(keep) < len(live):
-                    index = torch.tensor(keep, device=device)
-                    _select_rows(cache, index)
-                    attention, positions, chosen = attention[index], positions[index], chosen[index]
-                    live = [live[row] for row in keep]
-                output = self.model(
-                    input_ids=chosen[:, None],
-                    attention_mask=attention,
-                    position_ids=positions[:, None],
-                    past_key_values=cache,
-                    cache_position=torch.tensor([width + step - 1], device=device),
-                    use_cache=True,
-                )
-                logits = output.logits[:, -1]
-                positions = positions + 1
+            with batch_attention(self.model):
+                for step in range(1, settings.max_new_tokens + 1):
+                    # choose each live sequence's next token; note which ones are done
+                    chosen = sample_tokens(logits, settings.temperature, settings.top_p)
+                    keep = []
+                    for row, token in enumerate(chosen.tolist()):
+                        tokens[live[row]].append(token)
+                        if tracker.update(live[row], token, step):
+                            self._keep_completion(
+                                batch, row, chunk[live[row]], tokens[live[row]], settings
+                            )
+                        else:
+                            keep.append(row)
+                    if not keep or step == settings.max_new_tokens:
+                        break
+                    # finished sequences leave; the rest take one step
+                    if len(keep) < len(live):
+                        index = torch.tensor(keep, device=batch.device)
+                        batch.keep(index)
+                        chosen = chosen[index]
+                        live = [live[row] for row in keep]
+                    output = self.model(
+                        input_ids=chosen[:, None],
+                        position_ids=batch.positions()[:, None],
+                        use_cache=False,
+                        kv_batch=batch,
+                    )
+                    batch.advance()
+                    logits = output.logits[:, -1]
         results: list[tuple[str, int]] = []
         for row, generated in enumerate(tokens):
             count = tracker.lengths[row] or len(generated)
@@ -429,30 +431,94 @@ class PolicyEngine:
         self.stats.completion_tokens += sum(count for _, count in results)
         return results
 
-    def _prefill(self, prompt_ids: list[int]) -> tuple[Any, Any]:
-        """(KV cache, next-token logits) of one prompt, read without padding; only the tokens
-        after the longest prefix already in the prefix cache go through the model."""
+    def _keep_completion(
+        self,
+        batch: DecodeBatch,
+        row: int,
+        sequence: _Sequence,
+        generated: list[int],
+        settings: GenerationRequest,
+    ) -> None:
+        """Keep a finished sequence's KV (prompt and the tokens fed so far) in the prefix cache,
+        when its request says the conversation will be continued (critique, refinement)."""
+        if settings.keep_cache and self.prefixes.max_tokens:
+            written = generated[: batch.length]
+            self.prefixes.add(sequence.prompt_ids + written, batch.sequence_kv(row))
+
+    def _read_prompts(self, prompts: list[list[int]]) -> list[tuple[list[LayerKV], Any]]:
+        """(KV, next-token logits) of every prompt. Each reuses its longest cached prefix; the
+        tails are read in batches of similar length (`READ_BATCH_TOKENS` padded tokens at
+        most), and every prompt read is kept in the prefix cache."""
+        lookups = [self.prefixes.longest_prefix(ids) for ids in prompts]
+        prefixes = [layers or self._empty_kv() for _, layers in lookups]
+        tails = [ids[reused:] for ids, (reused, _) in zip(prompts, lookups, strict=True)]
+        results: list[Any] = [None] * len(prompts)
+        for group in _batches_by_length([len(t) for t in tails], READ_BATCH_TOKENS):
+            batch = PromptBatch(
+                [prefixes[i] for i in group],
+                [len(tails[i]) for i in group],
+                layers=self.model.config.num_hidden_layers,
+            )
+            with batch_attention(self.model):
+                output = self.model(
+                    input_ids=batch.input_ids([tails[i] for i in group], self.pad_id),
+                    position_ids=batch.positions(),
+                    use_cache=False,
+                    kv_batch=batch,
+                    logits_to_keep=1,
+                )
+            for row, index in enumerate(group):
+                kv = batch.prompt_kv(row)
+                self.prefixes.add(prompts[index], kv)
+                results[index] = (kv, output.logits[row : row + 1, -1])
+            self.stats.prefilled_tokens += sum(len(tails[i]) for i in group)
+        return results
+
+    def _empty_kv(self) -> list[LayerKV]:
         import torch
 
-        reused, cache = self.prefixes.longest_prefix(prompt_ids)
-        ids = torch.tensor([prompt_ids[reused:]], device=self.model.device)
-        output = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self.stats.prefilled_tokens += len(prompt_ids) - reused
-        self.prefixes.add(prompt_ids, output.past_key_values)
-        return output.past_key_values, output.logits[:, -1]
+        config = self.model.config
+        kv_heads = config.num_key_value_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        empty = torch.empty(1, kv_heads, 0, head_dim, dtype=self.dtype, device=self.model.device)
+        return [(empty, empty)] * config.num_hidden_layers
 
-    def _prefill_shared_prefixes(self, prompts: list[list[int]]) -> None:
-        """Read once the long prefix that several of these prompts share (sibling critiques
-        differ only in the program at the end), so each then reads only its own tail."""
+    def _shared_prefixes(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The long prefixes that several of these prompts share and that are not cached yet
+        (sibling critiques differ only at the end): read first, each prompt then reads only
+        its own tail. A shared prefix that a longer one extends is left out: by longest common
+        prefix the longer one serves it too."""
         ordered = sorted(prompts)
+        wanted: list[list[int]] = []
         for before, after in zip(ordered, ordered[1:], strict=False):
             shared = _common_prefix_length(before, after)
             worth_it = MIN_SHARED_PREFIX <= shared < min(len(before), len(after))
             if worth_it and self.prefixes.longest_prefix(before[:shared])[0] < shared - 1:
-                self._prefill(before[:shared])
+                wanted.append(before[:shared])
+        return [w for w in wanted if not any(len(o) > len(w) and o[: len(w)] == w for o in wanted)]
 
 
-MIN_SHARED_PREFIX = 64  # tokens; shorter shared prefixes are not worth a separate prefill
+MIN_SHARED_PREFIX = 64  # tokens; shorter shared prefixes are not worth a separate read
+READ_BATCH_TOKENS = 4096  # padded tail tokens read in one forward
+MAX_PADDING = 1.25  # padded / real tokens of one read batch
+
+
+def _batches_by_length(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indexes grouped by length, shortest first, so that a group's padded size stays within
+    `max_tokens` and within `MAX_PADDING` of its real tokens (a longer one goes alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for index in order:
+        if groups:
+            padded = lengths[index] * (len(groups[-1]) + 1)
+            real = sum(lengths[i] for i in groups[-1]) + lengths[index]
+            if padded <= max_tokens and padded <= MAX_PADDING * real:
+                groups[-1].append(index)
+                continue
+        groups.append([index])
+    return groups
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -464,94 +530,6 @@ def _common_prefix_length(a: list[int], b: list[int]) -> int:
     return length
 
 
-class PrefixCache:
-    """KV caches of prompts read before, least recently used dropped first, within a budget of
-    `max_tokens` prompt tokens. A lookup returns a copy that the model may extend freely."""
-
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
-        self.entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()
-        self.tokens = 0
-
-    def longest_prefix(self, prompt_ids: list[int]) -> tuple[int, Any]:
-        """(tokens reused, cache copy or None) for the longest cached prefix of the prompt; at
-        least one token is always left to read, since its logits start the completion."""
-        best: tuple[int, ...] | None = None
-        for key in self.entries:
-            if len(key) > len(best or ()) and tuple(prompt_ids[: len(key)]) == key:
-                best = key
-        if best is None:
-            return 0, None
-        self.entries.move_to_end(best)
-        reused = min(len(best), len(prompt_ids) - 1)
-        return reused, _cache_copy(self.entries[best], reused)
-
-    def add(self, prompt_ids: list[int], cache: Any) -> None:
-        key = tuple(prompt_ids)
-        if self.max_tokens < len(key) or key in self.entries:
-            return
-        self.entries[key] = _cache_copy(cache, len(key))
-        self.tokens += len(key)
-        while self.tokens > self.max_tokens:
-            dropped, _ = self.entries.popitem(last=False)
-            self.tokens -= len(dropped)
-
-
-def _cache_copy(cache: Any, length: int) -> Any:
-    """A cache holding the first `length` positions of `cache`, sharing its tensors: the model
-    appends by making new tensors, so the original is never changed."""
-    from transformers import DynamicCache
-
-    return DynamicCache(
-        [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
-    )
-
-
-def _stack_caches(config: Any, caches: list[Any], left_pads: list[int], max_length: int) -> Any:
-    """One preallocated batch cache (`max_length` positions) holding the single-prompt caches,
-    each left-padded by zeros (masked out). Preallocated, a decode step writes one position in
-    place instead of copying the whole cache as a growing cache does (on CPU that copy, not
-    the model, dominated large batches)."""
-    import torch
-    from transformers import StaticCache
-
-    def padded(tensor: Any, pad: int) -> Any:
-        return torch.nn.functional.pad(tensor, (0, 0, pad, 0)) if pad else tensor
-
-    batch = StaticCache(config=config, max_cache_len=max_length)
-    for layer in range(len(caches[0].layers)):
-        keys = [padded(c.layers[layer].keys, p) for c, p in zip(caches, left_pads, strict=True)]
-        values = [padded(c.layers[layer].values, p) for c, p in zip(caches, left_pads, strict=True)]
-        batch.update(torch.cat(keys), torch.cat(values), layer)
-    return batch
-
-
-def _select_rows(cache: Any, index: Any) -> None:
-    """Keep only the batch rows in `index` (finished sequences leave the batch)."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
-        if hasattr(layer, "max_batch_size"):
-            layer.max_batch_size = len(index)
-
-
-def _sample(logits: Any, temperature: float, top_p: float) -> Any:
-    """Greedy at temperature 0; else nucleus sampling at `temperature` (fp32 softmax)."""
-    import torch
-
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature
-    if top_p < 1.0:
-        ordered, order = torch.sort(scaled, descending=True, dim=-1)
-        probabilities = ordered.softmax(dim=-1)
-        # Drop a token once the ones before it already cover top_p (the first always stays).
-        beyond = probabilities.cumsum(dim=-1) - probabilities > top_p
-        ordered = ordered.masked_fill(beyond, float("-inf"))
-        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)
-    return torch.multinomial(scaled.softmax(dim=-1), num_samples=1).squeeze(-1)
-
-
 def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, request in enumerate(requests):
@@ -561,6 +539,7 @@ def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]
             request.max_new_tokens,
             request.stop,
             request.prefix,
+            request.keep_cache,
         )
         groups.setdefault(key, []).append(index)
     return list(groups.values())

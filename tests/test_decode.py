@@ -1,0 +1,145 @@
+"""The pieces of the decode loop on their own: shared-prompt attention, the prefix cache, sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codeq.policy.decode_batch import DecodeBatch, fused_cpu_attention, matmul_attention
+from codeq.policy.prefix_cache import PrefixCache
+from codeq.policy.sampling import CANDIDATES, sample_tokens
+
+KV_HEADS, GROUPS, HEAD_DIM, LAYERS = 2, 3, 16, 2
+
+
+def random_prompt(length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [
+        (torch.randn(1, KV_HEADS, length, HEAD_DIM), torch.randn(1, KV_HEADS, length, HEAD_DIM))
+        for _ in range(LAYERS)
+    ]
+
+
+def reference_attention(query, keys, values, scaling):
+    """Plain softmax attention of one row's queries [heads, d] over its whole KV [kv, L, d]."""
+    keys = keys.repeat_interleave(GROUPS, dim=0)
+    values = values.repeat_interleave(GROUPS, dim=0)
+    weights = (query[:, None, :] @ keys.transpose(-1, -2) * scaling).softmax(dim=-1)
+    return (weights @ values)[:, 0]
+
+
+@pytest.mark.parametrize("kernel", [fused_cpu_attention, matmul_attention])
+def test_partial_attention_returns_output_and_log_sum_exp(kernel):
+    query = torch.randn(3, KV_HEADS, 4, HEAD_DIM)
+    keys, values = torch.randn(3, KV_HEADS, 9, HEAD_DIM), torch.randn(3, KV_HEADS, 9, HEAD_DIM)
+    bias = torch.zeros(3, 1, 1, 9)
+    bias[0, ..., 6:] = float("-inf")  # a padded prompt
+    output, lse = kernel(query, keys, values, bias, 0.25)
+    scores = query @ keys.transpose(-1, -2) * 0.25 + bias
+    expected = scores.softmax(dim=-1) @ values
+    torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse, scores.logsumexp(dim=-1), rtol=1e-4, atol=1e-5)
+
+
+def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence():
+    torch.manual_seed(0)
+    prompts = [random_prompt(length) for length in (5, 9, 7)]
+    owners = [0, 0, 1, 2, 2, 2]  # uneven groups: 2, 1 and 3 samples
+    batch = DecodeBatch(prompts, owners, max_new_tokens=6)
+    # Each row's own keys and values, recorded here independently of the batch.
+    own = {row: [([], []) for _ in range(LAYERS)] for row in range(len(owners))}
+    rows = list(range(len(owners)))
+    for step in range(4):
+        if step == 2:  # rows 1 and 3 finish: one prompt keeps one row of two, one loses one
+            keep = [0, 2, 4, 5]
+            batch.keep(torch.tensor(keep))
+            rows = [rows[i] for i in keep]
+        for layer in range(LAYERS):
+            query = torch.randn(len(rows), KV_HEADS * GROUPS, 1, HEAD_DIM)
+            key = torch.randn(len(rows), KV_HEADS, 1, HEAD_DIM)
+            value = torch.randn(len(rows), KV_HEADS, 1, HEAD_DIM)
+            output = batch.attend(layer, query, key, value, scaling=0.25)
+            assert output.shape == (len(rows), 1, KV_HEADS * GROUPS, HEAD_DIM)
+            for index, row in enumerate(rows):
+                own[row][layer][0].append(key[index])
+                own[row][layer][1].append(value[index])
+                prompt_keys, prompt_values = prompts[owners[row]][layer]
+                keys = torch.cat([prompt_keys[0], *own[row][layer][0]], dim=1)
+                values = torch.cat([prompt_values[0], *own[row][layer][1]], dim=1)
+                expected = reference_attention(query[index, :, 0], keys, values, 0.25)
+                torch.testing.assert_close(output[index, 0], expected, rtol=1e-4, atol=1e-5)
+        batch.advance()
+    assert batch.positions().tolist() == [5 + 4, 9 + 4, 7 + 4, 7 + 4]
+
+
+def test_sequence_kv_joins_the_prompt_and_the_rows_own_tokens():
+    prompts = [random_prompt(4), random_prompt(6)]
+    batch = DecodeBatch(prompts, [1, 0], max_new_tokens=3)
+    for layer in range(LAYERS):
+        step = torch.full((2, KV_HEADS, 1, HEAD_DIM), 7.0)
+        batch.attend(layer, torch.randn(2, KV_HEADS * GROUPS, 1, HEAD_DIM), step, step, 0.25)
+    batch.advance()
+    keys, values = batch.sequence_kv(0)[1]
+    assert keys.shape == (1, KV_HEADS, 6 + 1, HEAD_DIM)
+    torch.testing.assert_close(keys[:, :, :6], prompts[1][1][0])
+    assert bool((values[:, :, 6] == 7.0).all())
+
+
+def layers_of(length: int, fill: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.full((1, 1, length, 2), fill), torch.full((1, 1, length, 2), fill))]
+
+
+def test_prefix_cache_finds_the_longest_common_prefix_with_any_kept_sequence():
+    cache = PrefixCache(max_tokens=100)
+    cache.add([1, 2, 3, 4, 5, 6], layers_of(6, 1.0))
+    cache.add([1, 2, 9], layers_of(3, 2.0))
+    reused, kv = cache.longest_prefix([1, 2, 3, 4, 7, 7, 7])  # diverges inside the first one
+    assert reused == 4 and kv[0][0].shape[2] == 4
+    assert float(kv[0][0][0, 0, 0, 0]) == 1.0
+    # A prompt equal to a kept sequence still reads its last token (its logits are needed).
+    assert cache.longest_prefix([1, 2, 9])[0] == 2
+    assert cache.longest_prefix([5, 5]) == (0, None)
+
+
+def test_prefix_cache_keeps_one_copy_of_nested_sequences_and_its_token_budget():
+    cache = PrefixCache(max_tokens=10)
+    cache.add([1, 2, 3], layers_of(3, 1.0))
+    cache.add([1, 2, 3, 4, 5], layers_of(5, 1.0))  # extends the first: replaces it
+    cache.add([1, 2], layers_of(2, 1.0))  # covered by the second: not stored again
+    assert list(cache.entries) == [(1, 2, 3, 4, 5)] and cache.tokens == 5
+    cache.add([7, 8, 9, 10], layers_of(4, 1.0))
+    cache.longest_prefix([1, 2, 3, 0])  # touch: the first is now most recently used
+    cache.add([20, 21, 22], layers_of(3, 1.0))  # over budget: the least recently used goes
+    assert list(cache.entries) == [(1, 2, 3, 4, 5), (20, 21, 22)] and cache.tokens == 8
+    cache.add(list(range(11)), layers_of(11, 1.0))  # longer than the whole budget
+    assert cache.tokens == 8
+
+
+def test_nucleus_sampling_draws_from_the_nucleus_in_proportion():
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40_000, 1)
+    probabilities = (logits[0] / 0.8).softmax(dim=-1)
+    drawn = sample_tokens(logits, temperature=0.8, top_p=0.9)
+    # Tokens stay while the probability before them is at most top_p: here the first three.
+    size = int(((probabilities.cumsum(0) - probabilities) <= 0.9).sum())
+    assert size == 3
+    nucleus = probabilities[:size] / probabilities[:size].sum()
+    frequencies = torch.bincount(drawn, minlength=6).float() / len(drawn)
+    torch.testing.assert_close(frequencies[:size], nucleus, atol=0.01, rtol=0)
+    assert frequencies[size:].sum() == 0
+    full = sample_tokens(logits, temperature=0.8, top_p=1.0)
+    frequencies = torch.bincount(full, minlength=6).float() / len(full)
+    torch.testing.assert_close(frequencies, probabilities, atol=0.01, rtol=0)
+    assert sample_tokens(logits[:3], temperature=0.0, top_p=0.9).tolist() == [0, 0, 0]
+
+
+def test_sampling_falls_back_to_a_full_sort_when_the_candidates_miss_the_nucleus():
+    torch.manual_seed(0)
+    vocab = 4 * CANDIDATES
+    flat = torch.zeros(2000, vocab)  # uniform: the candidates hold a quarter of the mass
+    peaked = torch.full((2000, vocab), -30.0)
+    peaked[:, 3] = 0.0
+    drawn = sample_tokens(torch.cat([flat, peaked]), temperature=1.0, top_p=0.5)
+    uniform, certain = drawn[:2000], drawn[2000:]
+    assert bool((certain == 3).all())
+    # Half the vocabulary is in the nucleus of a uniform row, beyond the candidates.
+    assert int(uniform.max()) >= CANDIDATES and len(set(uniform.tolist())) > CANDIDATES
