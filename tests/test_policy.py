@@ -253,10 +253,20 @@ def test_smollm2_stops_at_the_code_block_and_the_score_line(smollm2_dir):
         hidden_tests=[],
     )
     engine = PolicyEngine.load(PolicyConfig(model=str(smollm2_dir), cpu_threads=1), seed=0)
-    rewrite = GenerationRequest(agent_messages(task), n=1, temperature=0.0, max_new_tokens=200)
-    review = critique_request(task, task.oracle_code, temperature=0.0, max_new_tokens=40)
-    code, score = engine.generate([rewrite, review])
+    rewrite = GenerationRequest(
+        agent_messages(task), n=1, temperature=0.0, max_new_tokens=200, keep_cache=True
+    )
+    (code,) = engine.generate([rewrite])
     assert code.texts[0].rstrip().endswith("```") and code.completion_tokens[0] < 200
     assert extract_program(code.texts[0]).strip()
+    # The critique continues the conversation: the rewrite's KV, kept, is not read again.
+    review = critique_request(
+        agent_messages(task), code.texts[0], temperature=0.0, max_new_tokens=40
+    )
+    before = engine.stats.prefilled_tokens
+    (score,) = engine.generate([review])
+    read = engine.stats.prefilled_tokens - before
+    new_turn = score.prompt_tokens - code.prompt_tokens - code.completion_tokens[0]
+    assert read <= new_turn + 4
     assert score.texts[0].endswith("\n") and score.completion_tokens[0] < 40
     assert parse_score("Score: " + score.texts[0]) is not None

@@ -6,37 +6,39 @@ import re
 from collections.abc import Sequence
 
 from codeq.policy.engine import GenerationRequest
-from codeq.policy.prompts import problem_text
-from codeq.schemas import ChatMessage, Task
+from codeq.schemas import ChatMessage
 
-CRITIQUE_SYSTEM = (
-    "You are a strict code reviewer. You judge whether a Python program solves a problem."
-)
 CRITIQUE_INSTRUCTION = (
-    "How likely is this program to be correct on all tests? Answer with one line "
-    "'Score: N/10' (0 = certainly wrong, 10 = certainly correct)."
+    "Now review the program in your last answer as a strict code reviewer. How likely is it to "
+    "be correct on all tests, hidden ones included? Answer with one line 'Score: N/10' "
+    "(0 = certainly wrong, 10 = certainly correct)."
 )
 NEUTRAL_SCORE = 0.5
 SCORE_PREFIX = "Score: "  # the answer is started for the model, so it writes a number next
 
 
-def critique_messages(task: Task, program: str) -> list[ChatMessage]:
-    user = (
-        f"{problem_text(task)}\n\nCandidate program:\n```python\n{program.rstrip()}\n```\n\n"
-        f"{CRITIQUE_INSTRUCTION}"
-    )
+def critique_messages(conversation: Sequence[ChatMessage], answer: str) -> list[ChatMessage]:
+    """The conversation that produced a rewrite, the rewrite as the model's answer, then the
+    request to score it. Self-critique in context: the model judges its own answer knowing the
+    problem and any feedback it was given, and the conversation's KV, kept by the engine when
+    it wrote the answer, is reused rather than read again."""
     return [
-        ChatMessage(role="system", content=CRITIQUE_SYSTEM),
-        ChatMessage(role="user", content=user),
+        *conversation,
+        ChatMessage(role="assistant", content=answer),
+        ChatMessage(role="user", content=CRITIQUE_INSTRUCTION),
     ]
 
 
 def critique_request(
-    task: Task, program: str, *, temperature: float = 0.2, max_new_tokens: int = 128
+    conversation: Sequence[ChatMessage],
+    answer: str,
+    *,
+    temperature: float = 0.2,
+    max_new_tokens: int = 128,
 ) -> GenerationRequest:
-    """One critique sample of `program` (CodeQ samples critiques at temperature 0.2)."""
+    """One critique sample of the rewrite `answer` (CodeQ samples critiques at temperature 0.2)."""
     return GenerationRequest(
-        messages=critique_messages(task, program),
+        messages=critique_messages(conversation, answer),
         n=1,
         temperature=temperature,
         top_p=1.0,

@@ -26,7 +26,8 @@ MAX_FEEDBACK_TESTS = 3
 MAX_FEEDBACK_CHARS = 300
 
 
-def _fenced(code: str) -> str:
+def fenced(code: str) -> str:
+    """`code` in a ```python block."""
     return f"```python\n{code.rstrip()}\n```"
 
 
@@ -43,9 +44,7 @@ def problem_text(task: Task) -> str:
 
 def agent_messages(task: Task) -> list[ChatMessage]:
     """First-turn prompt of the agent: problem, examples, the buggy program."""
-    user = (
-        f"{problem_text(task)}\n\nBuggy program:\n{_fenced(task.buggy_code)}\n\n{FIX_INSTRUCTION}"
-    )
+    user = f"{problem_text(task)}\n\nBuggy program:\n{fenced(task.buggy_code)}\n\n{FIX_INSTRUCTION}"
     return [
         ChatMessage(role="system", content=SYSTEM_PROMPT),
         ChatMessage(role="user", content=user),
@@ -55,7 +54,7 @@ def agent_messages(task: Task) -> list[ChatMessage]:
 def plain_messages(task: Task) -> list[ChatMessage]:
     """Minimal prompt (zero-shot baseline): the problem statement and the buggy code only."""
     user = (
-        f"{task.description.strip()}\n\n{_fenced(task.buggy_code)}\n\n"
+        f"{task.description.strip()}\n\n{fenced(task.buggy_code)}\n\n"
         "Fix the bug and give the corrected code."
     )
     return [ChatMessage(role="user", content=user)]
@@ -122,13 +121,14 @@ def feedback_text(failures: Sequence[FailedTest]) -> str:
 
 
 def refine_messages(
-    task: Task, parent_program: str, failures: Sequence[FailedTest]
+    task: Task, parent_answer: str, failures: Sequence[FailedTest]
 ) -> list[ChatMessage]:
-    """Multi-turn prompt for a deeper node: the first turn, the parent rewrite as the assistant's
-    answer, then feedback from the parent's failing visible tests."""
+    """Multi-turn prompt for a deeper node: the first turn, the parent's answer (the model's own
+    words with its rewrite, as muCode's multi-turn prompts keep them), then feedback from the
+    parent's failing visible tests."""
     return [
         *agent_messages(task),
-        ChatMessage(role="assistant", content=_fenced(parent_program)),
+        ChatMessage(role="assistant", content=parent_answer),
         ChatMessage(role="user", content=feedback_text(failures)),
     ]
 

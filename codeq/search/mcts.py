@@ -162,8 +162,8 @@ def critique(nodes: Sequence[tuple[Tree, Any]], policy: Policy, settings: Search
         return
     requests = [
         critique_request(
-            tree.task,
-            node.program,
+            node.prompt,
+            node.completion,
             temperature=settings.critique_temperature,
             max_new_tokens=settings.critique_max_new_tokens,
         )

@@ -12,6 +12,7 @@ from codeq.config import CodeQConfig
 from codeq.policy.engine import GenerationRequest
 from codeq.policy.prompts import (
     agent_messages,
+    fenced,
     plain_messages,
     refine_messages,
     visible_failures,
@@ -192,7 +193,7 @@ class Tree:
             return agent_messages(self.task)
         outcomes = node.verdict.tests if node.verdict is not None else []
         failures = visible_failures(self.task, outcomes)
-        return refine_messages(self.task, node.program, failures)
+        return refine_messages(self.task, node.completion or fenced(node.program), failures)
 
     def expansion_request(self, node: Node) -> GenerationRequest:
         return GenerationRequest(
@@ -201,6 +202,7 @@ class Tree:
             temperature=self.settings.temperature,
             top_p=self.settings.top_p,
             max_new_tokens=self.settings.max_new_tokens,
+            keep_cache=self.settings.critique or self.settings.mode == "mcts",
         )
 
     def add_child(
