@@ -1,8 +1,11 @@
 """Batched multi-tree search against one tree at a time, same settings, one run.
 
-Both runs search the same tasks with the same model, K, rollouts, token budgets and sandbox; the
-only difference is `search.parallel_trees` (how many task trees are advanced together, so how
-many sequences share one generate call). Prints completion tokens/s, tasks/hour and the ratio.
+Both conditions search the same tasks with the same model, K, rollouts, token budgets and
+sandbox; the only difference is `search.parallel_trees` (how many task trees are advanced
+together, so how many sequences share one generate call). Each run starts with an empty prefix
+cache, so neither reuses prompts the other read. Runs go in the order batched, single, single,
+batched (`--repeats 2`, the default) so a machine that speeds up or slows down during the bench
+weighs on both alike. Prints completion tokens/s, tasks/hour and the ratio.
 
     python bench/search.py                      # SmolLM2-135M, 8 builtin tasks, K=2, 2 rollouts
     python bench/search.py --tasks tasks/train.jsonl --n-tasks 8 --json bench-search.json
@@ -34,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parallel-trees", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--repeats", type=int, default=2, help="runs per condition, in ABBA order (default 2)"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -64,6 +70,7 @@ def measure(
     from codeq.search import run_search
 
     torch.manual_seed(seed)
+    engine.clear_prefix_cache()  # cold: nothing read by an earlier run is reused
     stats = engine.stats
     before = stats.calls, stats.sequences, stats.seconds, stats.prompt_tokens
     prefilled_before = stats.prefilled_tokens
@@ -101,6 +108,22 @@ def measure(
     return result
 
 
+def combined(results: list[dict]) -> dict:
+    """One condition over its runs: totals of tokens, tasks and seconds."""
+    seconds = sum(r["seconds"] for r in results)
+    tokens = sum(r["completion_tokens"] for r in results)
+    tasks = sum(r["tasks"] for r in results)
+    return {
+        "runs": len(results),
+        "seconds": round(seconds, 2),
+        "completion_tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 2),
+        "tasks_per_hour": round(tasks / seconds * 3600, 1),
+        "prompt_tokens_read": sum(r["prompt_tokens_read"] for r in results),
+        "prompt_tokens_requested": sum(r["prompt_tokens_requested"] for r in results),
+    }
+
+
 def main() -> None:
     args = parse_args()
     from codeq.config import load_config
@@ -133,21 +156,31 @@ def main() -> None:
     one_tree = load_config(
         None, {**overrides, "search": {**overrides["search"], "parallel_trees": 1}}
     )
+    runs: dict[str, list[dict]] = {"batched": [], "single": []}
+    order = (["batched", "single", "single", "batched"] * args.repeats)[: 2 * args.repeats]
     with Sandbox(config.sandbox) as sandbox:
         measure("warm-up", tasks[:1], engine, sandbox, one_tree, args.seed)
-        batched = measure(
-            f"{args.parallel_trees} trees together", tasks, engine, sandbox, config, args.seed
-        )
-        single = measure("one tree at a time", tasks, engine, sandbox, one_tree, args.seed)
+        for index, condition in enumerate(order):
+            if condition == "batched":
+                label, settings = f"{args.parallel_trees} trees together", config
+            else:
+                label, settings = "one tree at a time", one_tree
+            result = measure(label, tasks, engine, sandbox, settings, args.seed + index)
+            runs[condition].append(result)
+    batched, single = combined(runs["batched"]), combined(runs["single"])
     ratio = batched["tokens_per_s"] / single["tokens_per_s"]
     task_ratio = batched["tasks_per_hour"] / single["tasks_per_hour"]
-    print(f"ratio (batched / one tree at a time): {ratio:.2f}x tokens/s, {task_ratio:.2f}x tasks/h")
+    print(
+        f"ratio (batched / one tree at a time, {args.repeats} run(s) each): "
+        f"{ratio:.2f}x tokens/s, {task_ratio:.2f}x tasks/h"
+    )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
                     "batched": batched,
                     "single": single,
+                    "runs": runs,
                     "ratio_tokens_per_s": ratio,
                     "ratio_tasks_per_hour": task_ratio,
                 },
