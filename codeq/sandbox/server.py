@@ -397,24 +397,38 @@ def kill_everything(pid: int, uid: int | None, kill_primitive_works: bool) -> No
         kill_uid(uid)
 
 
+KILL_DEADLINE_S = 10.0
+
+
+class RunNotEnded(Exception):
+    """Processes of a finished run could not be killed: the spawner exits, the server with it,
+    and the host restarts the whole worker rather than run anything beside them."""
+
+
 def kill_uid(uid: int) -> None:
-    """Kill every process running as `uid`, including ones that left the process group."""
+    """Kill every process running as `uid`, including ones that left the process group:
+    first kill(-1) as that uid (on Linux atomic over the task list), then, from here, every
+    process still running as it, until none is left."""
     pid = os.fork()
     if pid == 0:
         try:
             os.setresuid(uid, uid, uid)
-            for _ in range(2000):
-                try:
-                    os.kill(-1, signal.SIGKILL)  # never signals the caller itself
-                except ProcessLookupError:
-                    break
-                # gVisor's kill(-1) reports success even when nothing was left to signal.
-                if not live_processes_of(uid, os.getpid()):
-                    break
-                time.sleep(0.0002)
+            os.kill(-1, signal.SIGKILL)  # never signals the caller itself
+        except OSError:
+            # gVisor refuses setresuid to a uid at its RLIMIT_NPROC (a fork bomb's), and its
+            # kill(-1) cannot say whether anything was left: the loop below is the backstop.
+            pass
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    while live := live_processes_of(uid, -1):
+        if time.monotonic() > deadline:
+            raise RunNotEnded(f"processes {live} of uid {uid} survived SIGKILL")
+        for survivor in live:
+            with contextlib.suppress(OSError):
+                os.kill(survivor, signal.SIGKILL)
+        time.sleep(0.0005)
 
 
 def live_processes_of(uid: int, me: int) -> list[int]:
