@@ -28,16 +28,9 @@ class DecodeBatch:
 
         first = prompts[0][0][0]
         self.device = first.device
-        self.prompt_lengths = torch.tensor([p[0][0].shape[2] for p in prompts], device=self.device)
-        width = int(self.prompt_lengths.max())
-        self.prompt_keys, self.prompt_values = [], []
-        for layer in range(len(prompts[0])):
-            self.prompt_keys.append(right_padded([p[layer][0] for p in prompts], width))
-            self.prompt_values.append(right_padded([p[layer][1] for p in prompts], width))
-        # [P, 1, 1, width]: 0 where a prompt has a token, -inf on its padding
-        padding = torch.arange(width, device=self.device) >= self.prompt_lengths[:, None]
-        zeros = torch.zeros(padding.shape, dtype=first.dtype, device=self.device)
-        self.prompt_bias = zeros.masked_fill(padding, float("-inf"))[:, None, None, :]
+        self.prompt_keys, self.prompt_values, self.prompt_lengths, self.prompt_bias = stack_prompts(
+            prompts
+        )
         rows, kv_heads, head_dim = len(owners), first.shape[1], first.shape[3]
         shape = (rows, kv_heads, max_new_tokens, head_dim)
         self.own_keys = [
@@ -46,10 +39,6 @@ class DecodeBatch:
         self.own_values = [torch.empty_like(k) for k in self.own_keys]
         self.length = 0  # own tokens written per row (all rows started together)
         self._set_owners(torch.tensor(owners, device=self.device))
-
-    @property
-    def rows(self) -> int:
-        return len(self.owners)
 
     def positions(self) -> Any:
         """Position of each row's next token."""
@@ -196,7 +185,35 @@ def merge_partials(first: Any, first_lse: Any, second: Any, second_lse: Any) -> 
     return output.to(second.dtype)
 
 
-def right_padded(tensors: list[Any], width: int) -> Any:
+def stack_prompts(prompts: list[list[LayerKV]]) -> tuple[list[Any], list[Any], Any, Any]:
+    """The prompts' KV as one batch: per layer their keys and values right-padded to the
+    longest ([P, kv_heads, width, head_dim]), their lengths ([P]), and the bias that hides the
+    padding ([P, 1, 1, width]: 0 on a prompt's tokens, -inf after them)."""
+    import torch
+
+    first = prompts[0][0][0]
+    lengths = torch.tensor([p[0][0].shape[2] for p in prompts], device=first.device)
+    width = int(lengths.max())
+    keys = [
+        _right_padded([p[layer][0] for p in prompts], width) for layer in range(len(prompts[0]))
+    ]
+    values = [
+        _right_padded([p[layer][1] for p in prompts], width) for layer in range(len(prompts[0]))
+    ]
+    padding = torch.arange(width, device=first.device) >= lengths[:, None]
+    return keys, values, lengths, attention_bias(padding[:, None, None, :], first.dtype)
+
+
+def attention_bias(hidden: Any, dtype: Any) -> Any:
+    """Additive attention bias: -inf where `hidden`, else 0."""
+    import torch
+
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(
+        hidden, float("-inf")
+    )
+
+
+def _right_padded(tensors: list[Any], width: int) -> Any:
     import torch
 
     return torch.cat(

@@ -30,7 +30,7 @@ from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import DecodeBatch
 from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
-from codeq.policy.prefix_cache import LayerKV, PrefixCache
+from codeq.policy.prefix_cache import LayerKV, PrefixCache, common_prefix_length
 from codeq.policy.prompt_batch import PromptBatch
 from codeq.policy.sampling import sample_tokens
 from codeq.schemas import ChatMessage
@@ -384,8 +384,10 @@ class PolicyEngine:
         tracker = StopTracker(self.tokenizer, [settings.stop] * len(chunk), settings.prefix)
         tokens: list[list[int]] = [[] for _ in chunk]
         with torch.inference_mode():
-            distinct = list(dict.fromkeys(tuple(s.prompt_ids) for s in chunk))
-            owners = [distinct.index(tuple(s.prompt_ids)) for s in chunk]
+            prompts = [tuple(s.prompt_ids) for s in chunk]
+            owner_of = {prompt: owner for owner, prompt in enumerate(dict.fromkeys(prompts))}
+            distinct = list(owner_of)
+            owners = [owner_of[prompt] for prompt in prompts]
             batch = DecodeBatch([read[p][0] for p in distinct], owners, settings.max_new_tokens)
             logits = torch.cat([read[distinct[owner]][1] for owner in owners])
             live = list(range(len(chunk)))  # batch row -> index in chunk
@@ -454,11 +456,7 @@ class PolicyEngine:
         tails = [ids[reused:] for ids, (reused, _) in zip(prompts, lookups, strict=True)]
         results: list[Any] = [None] * len(prompts)
         for group in _batches_by_length([len(t) for t in tails], READ_BATCH_TOKENS):
-            batch = PromptBatch(
-                [prefixes[i] for i in group],
-                [len(tails[i]) for i in group],
-                layers=self.model.config.num_hidden_layers,
-            )
+            batch = PromptBatch([prefixes[i] for i in group], [len(tails[i]) for i in group])
             with batch_attention(self.model):
                 output = self.model(
                     input_ids=batch.input_ids([tails[i] for i in group], self.pad_id),
@@ -493,7 +491,7 @@ class PolicyEngine:
         ordered = sorted(prompts)
         wanted: list[list[int]] = []
         for before, after in zip(ordered, ordered[1:], strict=False):
-            shared = _common_prefix_length(before, after)
+            shared = common_prefix_length(before, after)
             worth_it = MIN_SHARED_PREFIX <= shared < min(len(before), len(after))
             if worth_it and self.prefixes.longest_prefix(before[:shared])[0] < shared - 1:
                 wanted.append(before[:shared])
@@ -519,15 +517,6 @@ def _batches_by_length(lengths: list[int], max_tokens: int) -> list[list[int]]:
                 continue
         groups.append([index])
     return groups
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:

@@ -25,7 +25,7 @@ class _Entry:
 
 class PrefixCache:
     """Kept sequences with their KV, least recently used dropped first, within a budget of
-    `max_tokens` tokens. Lookups return copies that the model may extend freely."""
+    `max_tokens` tokens. Lookups return views of the kept KV, which nothing writes to."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
@@ -39,7 +39,7 @@ class PrefixCache:
         prompt = np.asarray(prompt_ids)
         best_length, best_key = 0, None
         for key, entry in self.entries.items():
-            length = _common_prefix(entry.ids, prompt)
+            length = common_prefix_length(entry.ids, prompt)
             if length > best_length:
                 best_length, best_key = length, key
         reused = min(best_length, len(prompt_ids) - 1)
@@ -58,7 +58,7 @@ class PrefixCache:
             return
         sequence = np.asarray(ids)
         for key, entry in list(self.entries.items()):
-            shared = _common_prefix(entry.ids, sequence)
+            shared = common_prefix_length(entry.ids, sequence)
             if shared == len(sequence):  # already covered
                 self.entries.move_to_end(key)
                 return
@@ -77,7 +77,9 @@ class PrefixCache:
         self.tokens = 0
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix_length(a: Any, b: Any) -> int:
+    """How many leading tokens two token sequences (lists or arrays) share."""
+    a, b = np.asarray(a), np.asarray(b)
     length = min(len(a), len(b))
     differs = np.flatnonzero(a[:length] != b[:length])
     return int(differs[0]) if len(differs) else length

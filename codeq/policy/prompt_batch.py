@@ -15,39 +15,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from codeq.policy.decode_batch import merge_partials, partial_attention, right_padded
+from codeq.policy.decode_batch import (
+    attention_bias,
+    merge_partials,
+    partial_attention,
+    stack_prompts,
+)
 from codeq.policy.prefix_cache import LayerKV
 
 
 class PromptBatch:
-    def __init__(
-        self,
-        prefixes: list[list[LayerKV]],
-        tail_lengths: list[int],
-        *,
-        layers: int,
-    ) -> None:
+    def __init__(self, prefixes: list[list[LayerKV]], tail_lengths: list[int]) -> None:
         import torch
 
-        first = prefixes[0][0][0]
-        self.device = first.device
-        self.prefix_lengths = [p[0][0].shape[2] for p in prefixes]
+        self.device = prefixes[0][0][0].device
+        self.prefix_keys, self.prefix_values, lengths, self.prefix_bias = stack_prompts(prefixes)
+        self.prefix_lengths = lengths.tolist()
+        self.no_prefix = lengths == 0
         self.tail_lengths = tail_lengths
         self.width = max(tail_lengths)
-        prefix_width = max(self.prefix_lengths)
-        self.prefix_keys = [
-            right_padded([p[i][0] for p in prefixes], prefix_width) for i in range(layers)
-        ]
-        self.prefix_values = [
-            right_padded([p[i][1] for p in prefixes], prefix_width) for i in range(layers)
-        ]
-        self.tail_keys: list[Any] = [None] * layers
-        self.tail_values: list[Any] = [None] * layers
-        lengths = torch.tensor(self.prefix_lengths, device=self.device)
-        # [P, 1, 1, prefix_width]: 0 on a prompt's prefix, -inf on its padding
-        padding = torch.arange(prefix_width, device=self.device) >= lengths[:, None]
-        self.prefix_bias = _bias(padding[:, None, None, :], first.dtype)
-        self.no_prefix = lengths == 0
+        self.tail_keys: list[Any] = [None] * len(self.prefix_keys)
+        self.tail_values: list[Any] = [None] * len(self.prefix_keys)
         # [P, 1, width, width]: causal over the tail, padding hidden (a padding query sees
         # itself, so no softmax is empty)
         pads = torch.tensor([self.width - n for n in tail_lengths], device=self.device)
@@ -85,7 +73,7 @@ class PromptBatch:
         stacked = query.reshape(prompts, kv_heads, groups * width, head_dim)
         if self._tail_bias is None:  # the mask of every group's queries, made once
             hidden = self.tail_hidden.repeat(1, 1, groups, 1)
-            self._tail_bias = _bias(hidden, query.dtype)
+            self._tail_bias = attention_bias(hidden, query.dtype)
         output, lse = partial_attention(stacked, key, value, self._tail_bias, scaling)
         if self.prefix_keys[layer].shape[2]:
             prefix_out, prefix_lse = partial_attention(
@@ -114,12 +102,3 @@ class PromptBatch:
                 self.prefix_keys, self.prefix_values, self.tail_keys, self.tail_values, strict=True
             )
         ]
-
-
-def _bias(hidden: Any, dtype: Any) -> Any:
-    """Additive attention bias: -inf where `hidden`, else 0."""
-    import torch
-
-    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(
-        hidden, float("-inf")
-    )
