@@ -415,7 +415,7 @@ def kill_uid(uid: int) -> None:
             os.setresuid(uid, uid, uid)
             os.kill(-1, signal.SIGKILL)  # never signals the caller itself
         except OSError:
-            # gVisor refuses setresuid to a uid at its RLIMIT_NPROC (a fork bomb's), and its
+            # setresuid can fail for a uid at its RLIMIT_NPROC (a fork bomb's), and gVisor's
             # kill(-1) cannot say whether anything was left: the loop below is the backstop.
             pass
         finally:
