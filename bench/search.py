@@ -72,13 +72,13 @@ def measure(
     torch.manual_seed(seed)
     engine.clear_prefix_cache()  # cold: nothing read by an earlier run is reused
     stats = engine.stats
-    before = stats.calls, stats.sequences, stats.seconds, stats.prompt_tokens
+    before = stats.steps, stats.step_rows, stats.seconds, stats.prompt_tokens
     prefilled_before = stats.prefilled_tokens
     started = time.perf_counter()
     trajectories = run_search(tasks, engine, sandbox, config, mode="mcts")
     seconds = time.perf_counter() - started
-    calls = engine.stats.calls - before[0]
-    sequences = engine.stats.sequences - before[1]
+    steps = engine.stats.steps - before[0]
+    rows = engine.stats.step_rows - before[1]
     generating = engine.stats.seconds - before[2]
     completion = sum(t.completion_tokens for t in trajectories)
     result = {
@@ -94,14 +94,14 @@ def measure(
         "tasks_per_hour": round(len(trajectories) / seconds * 3600, 1),
         "generate_seconds": round(generating, 2),
         "generation_tokens_per_s": round(completion / generating, 2) if generating else 0.0,
-        "generate_calls": calls,
-        "mean_batch": round(sequences / calls, 2) if calls else 0.0,
+        "decode_steps": steps,
+        "mean_live_rows": round(rows / steps, 2) if steps else 0.0,
         "solved": sum(t.solved for t in trajectories),
     }
     print(
         f"{label:>22}: {result['tokens_per_s']:8.1f} tok/s  {result['tasks_per_hour']:8.1f} "
         f"tasks/h  ({completion} tokens, {seconds:.1f}s of which {generating:.1f}s in generate, "
-        f"mean batch {result['mean_batch']}, prompt tokens read "
+        f"{result['mean_live_rows']} live rows a step, prompt tokens read "
         f"{result['prompt_tokens_read']} of {result['prompt_tokens_requested']})",
         flush=True,
     )

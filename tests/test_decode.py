@@ -41,18 +41,29 @@ def test_partial_attention_returns_output_and_log_sum_exp(kernel):
 
 
 def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence():
+    """Rows leave (step 2) and join (step 3, one new prompt and samples of an old one), so rows
+    hold different numbers of own tokens; every output equals plain attention over the row's
+    prompt and own tokens."""
     torch.manual_seed(0)
     prompts = [random_prompt(length) for length in (5, 9, 7)]
     owners = [0, 0, 1, 2, 2, 2]  # uneven groups: 2, 1 and 3 samples
-    batch = DecodeBatch(prompts, owners, max_new_tokens=6)
+    batch = DecodeBatch(prompts, owners, capacity=6)
+    prompt_of = {row: prompts[owner] for row, owner in enumerate(owners)}
     # Each row's own keys and values, recorded here independently of the batch.
     own = {row: [([], []) for _ in range(LAYERS)] for row in range(len(owners))}
     rows = list(range(len(owners)))
-    for step in range(4):
+    for step in range(5):
         if step == 2:  # rows 1 and 3 finish: one prompt keeps one row of two, one loses one
             keep = [0, 2, 4, 5]
             batch.keep(torch.tensor(keep))
             rows = [rows[i] for i in keep]
+        if step == 3:  # rows 6-8 join: two samples of a new prompt, one of prompt 1 again
+            joining = [random_prompt(4), prompts[1]]
+            batch.add(joining, [0, 0, 1], capacity=8)
+            for row, owner in zip((6, 7, 8), (0, 0, 1), strict=True):
+                prompt_of[row] = joining[owner]
+                own[row] = [([], []) for _ in range(LAYERS)]
+                rows.append(row)
         for layer in range(LAYERS):
             query = torch.randn(len(rows), KV_HEADS * GROUPS, 1, HEAD_DIM)
             key = torch.randn(len(rows), KV_HEADS, 1, HEAD_DIM)
@@ -62,18 +73,22 @@ def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence(
             for index, row in enumerate(rows):
                 own[row][layer][0].append(key[index])
                 own[row][layer][1].append(value[index])
-                prompt_keys, prompt_values = prompts[owners[row]][layer]
+                prompt_keys, prompt_values = prompt_of[row][layer]
                 keys = torch.cat([prompt_keys[0], *own[row][layer][0]], dim=1)
                 values = torch.cat([prompt_values[0], *own[row][layer][1]], dim=1)
                 expected = reference_attention(query[index, :, 0], keys, values, 0.25)
                 torch.testing.assert_close(output[index, 0], expected, rtol=1e-4, atol=1e-5)
         batch.advance()
-    assert batch.positions().tolist() == [5 + 4, 9 + 4, 7 + 4, 7 + 4]
+    assert batch.positions().tolist() == [5 + 5, 9 + 5, 7 + 5, 7 + 5, 4 + 2, 4 + 2, 9 + 2]
+    # a row's whole KV: its prompt, then its own tokens in order
+    [(keys, _), _] = batch.sequence_kv(rows.index(6))
+    expected = torch.cat([prompt_of[6][0][0][0], *own[6][0][0]], dim=1)
+    torch.testing.assert_close(keys[0], expected)
 
 
 def test_sequence_kv_joins_the_prompt_and_the_rows_own_tokens():
     prompts = [random_prompt(4), random_prompt(6)]
-    batch = DecodeBatch(prompts, [1, 0], max_new_tokens=3)
+    batch = DecodeBatch(prompts, [1, 0], capacity=3)
     for layer in range(LAYERS):
         step = torch.full((2, KV_HEADS, 1, HEAD_DIM), 7.0)
         batch.attend(layer, torch.randn(2, KV_HEADS * GROUPS, 1, HEAD_DIM), step, step, 0.25)

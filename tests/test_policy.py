@@ -10,13 +10,14 @@ from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy import GenerationRequest, PolicyEngine, resolve_dtype, resolve_quantization
 from codeq.policy.critique import parse_score, q_ai_from
-from codeq.policy.engine import (
-    StopTracker,
+from codeq.policy.prompts import extract_program, is_valid_rewrite
+from codeq.policy.stopping import (
+    StopCondition,
     closes_code_block,
     cut_after_code_block,
+    eos_ids,
     gives_score,
 )
-from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.schemas import ChatMessage
 
 
@@ -55,11 +56,11 @@ def test_several_samples_per_prompt_across_chunks_keep_request_order(tiny_engine
         GenerationRequest(chat(f"prompt {i}"), n=n, temperature=0.8, max_new_tokens=6)
         for i, n in enumerate([3, 1, 2])
     ]
-    before = tiny_engine.stats.calls
+    tiny_engine.stats.max_rows = 0
     tiny_engine.clear_prefix_cache()
     results = tiny_engine.generate(requests, seed=1)
     assert [len(r.texts) for r in results] == [3, 1, 2]
-    assert tiny_engine.stats.calls - before == 2  # 6 sequences in chunks of batch_size 4
+    assert tiny_engine.stats.max_rows <= 4  # 6 sequences, never more than batch_size 4 at once
     # From the same state. (A warm prefix cache reads the prompt by another path: its logits
     # differ at float precision, which moves samples of this random model's flat distribution.)
     tiny_engine.clear_prefix_cache()
@@ -75,18 +76,18 @@ def test_prompts_are_cut_from_the_top(tiny_model_dir):
     assert engine.tokenizer.decode(ids).endswith("assistant\n")
 
 
-def test_stop_tracker_stops_each_sequence_at_its_closing_fence(tiny_engine):
+def test_stop_condition_stops_a_sequence_at_its_closing_fence(tiny_engine):
     tok = tiny_engine.tokenizer
     texts = ["```python\nx = 1\n```", "no code here, just words and more words"]
     rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    tracker = StopTracker(tok, ["code", "code"])
+    stops = [StopCondition(tok, eos_ids(tok), "code") for _ in rows]
     first_done: list[int | None] = [None, None]
     for row, ids in enumerate(rows):
         for step, token in enumerate(ids, start=1):
-            if tracker.update(row, token, step) and first_done[row] is None:
+            if stops[row].update(token, step) and first_done[row] is None:
                 first_done[row] = step
     assert first_done == [len(rows[0]), None]
-    assert tracker.lengths == [len(rows[0]), None]
+    assert [stop.length for stop in stops] == [len(rows[0]), None]
 
 
 def test_greedy_decoding_matches_transformers_generate(tiny_engine):
@@ -108,7 +109,7 @@ def test_greedy_decoding_matches_transformers_generate(tiny_engine):
                 max_new_tokens=10,
                 do_sample=False,
                 pad_token_id=tok.pad_token_id,
-                eos_token_id=sorted(StopTracker(tok, []).eos_ids),
+                eos_token_id=sorted(eos_ids(tok)),
             )
         expected = tok.decode(reference[0, ids.shape[1] :], skip_special_tokens=True)
         assert result.texts == [expected, expected]

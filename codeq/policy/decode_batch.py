@@ -1,4 +1,4 @@
-"""DecodeBatch: the KV state of one batch of sequences being decoded, prompts stored once.
+"""DecodeBatch: the KV state of the sequences being decoded, each prompt's KV stored once.
 
 The K samples of one prompt share its KV. A padded batch cache copies it into every row and
 reads every copy at every step; with prompts of hundreds of tokens and completions of a hundred,
@@ -6,11 +6,14 @@ reading those copies is most of a large decode step on CPU (attention is bound b
 bandwidth). Here each distinct prompt's KV is kept once, and each row only its own new tokens:
 
     prompt part   [P, kv_heads, prompt_width, head_dim]   one per distinct prompt (right-padded)
-    own part      [B, kv_heads, max_new_tokens, head_dim]  one per sequence, written step by step
+    own part      [B, kv_heads, capacity, head_dim]        one per sequence, written step by step
 
-A step's attention scores every row's query against its prompt (the queries of one prompt's
-rows go through one matmul) and against its own tokens, with one softmax over both. The model's
-own modules compute everything else (see `codeq.policy.attention`).
+Sequences join (`add`) and leave (`keep`) at any step, so rows hold different numbers of own
+tokens (`lengths`): the batch stays full while the work that feeds it arrives piecemeal (a
+search tree asks for its critiques when its rewrites are tested). A step's attention scores every
+row's query against its prompt (the queries of one prompt's rows go through one call) and
+against its own tokens, merged into one softmax over both. The model's own modules compute
+everything else (see `codeq.policy.attention`).
 """
 
 from __future__ import annotations
@@ -21,60 +24,102 @@ from codeq.policy.prefix_cache import LayerKV
 
 
 class DecodeBatch:
-    """Rows are sequences; `owners[row]` is the index of the row's prompt in `prompts`."""
+    """Rows are sequences; `owners[row]` is the index of the row's prompt in `prompts`, and
+    `capacity` the most own tokens any row will write."""
 
-    def __init__(self, prompts: list[list[LayerKV]], owners: list[int], max_new_tokens: int):
+    def __init__(self, prompts: list[list[LayerKV]], owners: list[int], capacity: int):
         import torch
 
         first = prompts[0][0][0]
-        self.device = first.device
+        self.device, self.dtype = first.device, first.dtype
+        self.kv_heads, self.head_dim, self.layers = first.shape[1], first.shape[3], len(prompts[0])
+        self.prompts: list[list[LayerKV]] = []
+        self.owners = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.own_keys = [self._own_buffer(0, capacity) for _ in range(self.layers)]
+        self.own_values = [self._own_buffer(0, capacity) for _ in range(self.layers)]
+        self.add(prompts, owners, capacity)
+
+    @property
+    def rows(self) -> int:
+        return len(self.owners)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.own_keys[0].shape[2])
+
+    def add(self, prompts: list[list[LayerKV]], owners: list[int], capacity: int) -> None:
+        """New rows after the current ones, with no own tokens yet: `owners` index `prompts`.
+        Prompts no row reads any more are dropped now (the prompt part is rebuilt anyway)."""
+        import torch
+
+        used = sorted(set(self.owners.tolist()))
+        renumber = torch.zeros(max(len(self.prompts), 1), dtype=torch.long, device=self.device)
+        renumber[used] = torch.arange(len(used), device=self.device)
+        old_owners = renumber[self.owners] if self.rows else self.owners
+        self.prompts = [self.prompts[i] for i in used] + prompts
         self.prompt_keys, self.prompt_values, self.prompt_lengths, self.prompt_bias = stack_prompts(
-            prompts
+            self.prompts
         )
-        rows, kv_heads, head_dim = len(owners), first.shape[1], first.shape[3]
-        shape = (rows, kv_heads, max_new_tokens, head_dim)
-        self.own_keys = [
-            torch.empty(shape, dtype=first.dtype, device=self.device) for _ in prompts[0]
-        ]
-        self.own_values = [torch.empty_like(k) for k in self.own_keys]
-        self.length = 0  # own tokens written per row (all rows started together)
-        self._set_owners(torch.tensor(owners, device=self.device))
+        new_owners = torch.tensor(owners, dtype=torch.long, device=self.device) + len(used)
+        capacity = max(capacity, self.capacity)
+        written = int(self.lengths.max()) if self.rows else 0
+        for parts in (self.own_keys, self.own_values):
+            for layer, old in enumerate(parts):
+                grown = self._own_buffer(self.rows + len(owners), capacity)
+                grown[: self.rows, :, :written] = old[:, :, :written]
+                parts[layer] = grown
+        self.lengths = torch.cat([self.lengths, torch.zeros_like(new_owners)])
+        self._set_owners(torch.cat([old_owners, new_owners]))
 
     def positions(self) -> Any:
         """Position of each row's next token."""
-        return self.prompt_lengths[self.owners] + self.length
+        return self.prompt_lengths[self.owners] + self.lengths
 
     def keep(self, rows: Any) -> None:
-        """Keep only these rows (finished sequences leave the batch)."""
-        self.own_keys = [k.index_select(0, rows) for k in self.own_keys]
-        self.own_values = [v.index_select(0, rows) for v in self.own_values]
+        """Keep only these rows (finished sequences leave the batch). Only the own tokens
+        written so far are copied."""
+        written = int(self.lengths.max())
+        for parts in (self.own_keys, self.own_values):
+            for layer, old in enumerate(parts):
+                kept = self._own_buffer(len(rows), self.capacity)
+                kept[:, :, :written] = old[:, :, :written].index_select(0, rows)
+                parts[layer] = kept
+        self.lengths = self.lengths[rows]
         self._set_owners(self.owners[rows])
 
     def advance(self) -> None:
         """One token per row has been written by every layer."""
-        self.length += 1
+        self.lengths += 1
+
+    def own_length(self, row: int) -> int:
+        return int(self.lengths[row])
 
     def sequence_kv(self, row: int) -> list[LayerKV]:
         """Prompt and own KV of one row, as one [1, kv_heads, length, head_dim] per layer."""
         import torch
 
         owner, length = int(self.owners[row]), int(self.prompt_lengths[self.owners[row]])
+        own = self.own_length(row)
         return [
             (
-                torch.cat(
-                    [pk[owner : owner + 1, :, :length], ok[row : row + 1, :, : self.length]], 2
-                ),
-                torch.cat(
-                    [pv[owner : owner + 1, :, :length], ov[row : row + 1, :, : self.length]], 2
-                ),
+                torch.cat([pk[owner : owner + 1, :, :length], ok[row : row + 1, :, :own]], 2),
+                torch.cat([pv[owner : owner + 1, :, :length], ov[row : row + 1, :, :own]], 2),
             )
             for pk, pv, ok, ov in zip(
                 self.prompt_keys, self.prompt_values, self.own_keys, self.own_values, strict=True
             )
         ]
 
+    def _own_buffer(self, rows: int, capacity: int) -> Any:
+        import torch
+
+        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
     def _set_owners(self, owners: Any) -> None:
-        """Rows are grouped by prompt into slots: slot = owner * group_width + rank."""
+        """Rows are grouped by prompt into slots: slot = owner * group_width + rank. Also
+        prepares the step: which own positions each row sees."""
         import torch
 
         self.owners = owners
@@ -86,9 +131,10 @@ class DecodeBatch:
         rank = torch.empty_like(owners)
         rank[order] = torch.arange(len(owners), device=self.device) - starts[owners[order]]
         self.slots = owners * self.group_width + rank
+        self.row_index = torch.arange(len(owners), device=self.device)
         # Rows in prompt order with every group full: slots are rows, no scatter needed.
         self.dense = prompts * self.group_width == len(owners) and bool(
-            (self.slots == torch.arange(len(owners), device=self.device)).all()
+            (self.slots == self.row_index).all()
         )
 
     def attend(self, layer: int, query: Any, key: Any, value: Any, scaling: float) -> Any:
@@ -97,9 +143,11 @@ class DecodeBatch:
         The prompt part and the own part are attended separately and merged by their
         log-sum-exp, which is exactly one softmax over both."""
 
+        if layer == 0:
+            self._prepare_own_attention()
         own_keys, own_values = self.own_keys[layer], self.own_values[layer]
-        own_keys[:, :, self.length] = key[:, :, 0]
-        own_values[:, :, self.length] = value[:, :, 0]
+        self._write_own(own_keys, key)
+        self._write_own(own_values, value)
         rows, heads, _, head_dim = query.shape
         kv_heads = own_keys.shape[1]
         groups = heads // kv_heads  # query head h reads kv head h // groups
@@ -116,13 +164,40 @@ class DecodeBatch:
         prompt_lse = self._from_slots(prompt_lse[..., None], groups)[..., 0]
         own_out, own_lse = partial_attention(
             query,
-            own_keys[:, :, : self.length + 1],
-            own_values[:, :, : self.length + 1],
-            None,
+            own_keys[:, :, : self._own_width],
+            own_values[:, :, : self._own_width],
+            self._own_bias,
             scaling,
         )
         output = merge_partials(prompt_out, prompt_lse, own_out, own_lse)
         return output.reshape(rows, 1, heads, head_dim)
+
+    def _prepare_own_attention(self) -> None:
+        """This step's own positions: where each row writes, and what it reads: up to the
+        longest row's, a shorter row's later positions hidden (none when all are as long)."""
+        import torch
+
+        self._own_width = int(self.lengths.max()) + 1
+        self._uniform = bool((self.lengths == self.lengths[0]).all())
+        if self._uniform:
+            self._own_bias = None
+            return
+        # Row r, kv head h writes at flat row (r * kv_heads + h) * capacity + lengths[r] of
+        # the own buffer seen as [rows * kv_heads * capacity, head_dim]: one index_copy_.
+        heads = torch.arange(self.kv_heads, device=self.device)
+        starts = (self.row_index[:, None] * self.kv_heads + heads[None, :]) * self.capacity
+        self._own_slots = (starts + self.lengths[:, None]).reshape(-1)
+        positions = torch.arange(self._own_width, device=self.device)
+        hidden = positions[None, :] > self.lengths[:, None]
+        self._own_bias = attention_bias(hidden[:, None, None, :], self.dtype)
+
+    def _write_own(self, buffer: Any, step: Any) -> None:
+        """Write this step's keys or values ([B, kv_heads, 1, head_dim]) at each row's length."""
+        if self._uniform:
+            buffer[:, :, self._own_width - 1] = step[:, :, 0]
+        else:
+            flat = buffer.view(-1, self.head_dim)
+            flat.index_copy_(0, self._own_slots, step.reshape(-1, self.head_dim))
 
     def _to_slots(self, per_row: Any) -> Any:
         """[B, kv_heads, groups, n] -> [P, kv_heads, group_width * groups, n] (empty slots 0)."""

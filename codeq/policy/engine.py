@@ -8,77 +8,35 @@ Device, dtype and quantization are resolved from `PolicyConfig`:
 - quantization 'auto': 4-bit NF4 via bitsandbytes on CUDA, none on CPU. 'nf4' on CPU is a
   ConfigError (bitsandbytes' 4-bit kernels are CUDA kernels).
 
-Generation (`generate`) reads every distinct prompt of a call once, reusing the longest prefix
-kept in the prefix cache and reading the tails of many prompts in one forward (`PromptBatch`);
-then decodes chunks of `batch_size` sequences in our own loop, each prompt's KV kept once for
-all its samples (`DecodeBatch`). A sequence leaves the batch as soon as it stops (at EOS, at the
-close of its first fenced code block, or after the line giving a score).
+Generation runs by continuous batching (`GenerationStream`, `stream()`): requests join the
+batch when rows are free, each distinct prompt read once after the longest prefix kept in the
+prefix cache, the tails of many prompts in one forward (`PromptBatch`); each prompt's KV kept
+once for all its samples (`DecodeBatch`). A sequence leaves the batch as soon as it stops (at
+EOS, at the close of its first fenced code block, or after the line giving a score).
+`generate` is the blocking form: submit everything, step until done.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy.attention import batch_attention
-from codeq.policy.decode_batch import DecodeBatch
 from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
 from codeq.policy.prefix_cache import LayerKV, PrefixCache, common_prefix_length
 from codeq.policy.prompt_batch import PromptBatch
-from codeq.policy.sampling import sample_tokens
+from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
+from codeq.policy.stopping import StopCondition, StopKind, eos_ids
+from codeq.policy.stream import GenerationStream
 from codeq.schemas import ChatMessage
 
+__all__ = ["GenerationRequest", "GenerationResult", "GenerationStats", "PolicyEngine"]
+
 log = logging.getLogger(__name__)
-
-FENCE = "```"
-StopKind = Literal["code", "score", "none"]
-# 'score': a critique is done at the end of the line that gives its score ("Score: 7/10").
-_SCORE_LINE = re.compile(r"score\W{0,3}\d+(?:\.\d+)?(?:\s*(?:/|out of)\s*\d+)?[^\n]*\n", re.I)
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One chat prompt to complete `n` times with the same sampling settings."""
-
-    messages: list[ChatMessage]
-    n: int = 1
-    temperature: float = 0.8
-    top_p: float = 0.95
-    max_new_tokens: int = 768
-    prefix: str = ""  # start of the assistant's answer, written for the model (e.g. "Score: ")
-    stop: StopKind = "code"  # 'code': end at the close of the first fenced block; 'score': at
-    # the end of the line giving a score; 'none': EOS or max_new_tokens only
-    keep_cache: bool = False  # keep each completion's KV for reuse: the caller will continue
-    # this conversation (a critique of the rewrite, a refinement of it)
-
-
-@dataclass
-class GenerationResult:
-    texts: list[str]
-    prompt_tokens: int
-    completion_tokens: list[int]
-    seconds: float = 0.0
-
-
-@dataclass
-class GenerationStats:
-    """Running totals of one engine (benchmarks and trajectories read them)."""
-
-    calls: int = 0
-    sequences: int = 0
-    prompt_tokens: int = 0
-    prefilled_tokens: int = 0  # prompt tokens run through the model (the rest came from cache)
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)
-
 
 # ---------------------------------------------------------------- device, dtype, quantization
 
@@ -144,81 +102,7 @@ def resolve_model_path(model: str, cache_dir: str) -> str:
     return model
 
 
-# ---------------------------------------------------------------- stopping
-
-
-class StopTracker:
-    """Per sequence: done at EOS, or (stop='code') when the first fenced block closes, or
-    (stop='score') at the end of the line giving a score. Records each sequence's completion
-    length (the EOS token counted, padding never)."""
-
-    def __init__(self, tokenizer: Any, kinds: list[StopKind], prefix: str = "") -> None:
-        self.tokenizer = tokenizer
-        self.eos_ids = _eos_ids(tokenizer)
-        self.kinds = kinds
-        self.tails = [prefix] * len(kinds)
-        self.lengths: list[int | None] = [None] * len(kinds)
-
-    def update(self, row: int, token: int, step: int) -> bool:
-        """Take sequence `row`'s `step`-th new token (from 1); True once it is finished."""
-        if self.lengths[row] is not None:
-            return True
-        if token in self.eos_ids:
-            self.lengths[row] = step
-            return True
-        if self.kinds[row] == "none":
-            return False
-        self.tails[row] += self.tokenizer.decode([token])
-        finished = (
-            closes_code_block(self.tails[row])
-            if self.kinds[row] == "code"
-            else gives_score(self.tails[row])
-        )
-        if finished:
-            self.lengths[row] = step
-        return finished
-
-
-def closes_code_block(text: str) -> bool:
-    opening = text.find(FENCE)
-    if opening < 0:
-        return False
-    body_start = text.find("\n", opening)
-    return body_start >= 0 and text.find(FENCE, body_start) >= 0
-
-
-def gives_score(text: str) -> bool:
-    """A full line holding a score such as 'Score: 7/10' has been written."""
-    return _SCORE_LINE.search(text) is not None
-
-
-def cut_after_code_block(text: str) -> str:
-    opening = text.find(FENCE)
-    if opening < 0:
-        return text
-    body_start = text.find("\n", opening)
-    if body_start < 0:
-        return text
-    closing = text.find(FENCE, body_start)
-    return text if closing < 0 else text[: closing + len(FENCE)]
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id >= 0:
-            ids.add(token_id)
-    return ids
-
-
 # ---------------------------------------------------------------- the engine
-
-
-@dataclass
-class _Sequence:
-    request: int
-    prompt_ids: list[int]
 
 
 class PolicyEngine:
@@ -245,6 +129,7 @@ class PolicyEngine:
         self.quantization = quantization
         self.stats = GenerationStats()
         self.prefixes = PrefixCache(prefix_cache_tokens)
+        self.eos_ids = eos_ids(tokenizer)
 
     @property
     def dtype(self) -> Any:
@@ -327,125 +212,44 @@ class PolicyEngine:
 
     # -------------------------------------------------------------- generation
 
+    def stream(self) -> GenerationStream:
+        """A continuous batch over this engine: submit requests any time, step until done."""
+        return GenerationStream(self)
+
     def generate(
         self, requests: Sequence[GenerationRequest], *, seed: int | None = None
     ) -> list[GenerationResult]:
-        """Complete every request `n` times; batched across requests; order preserved."""
+        """Complete every request `n` times, batched across requests; order preserved."""
         import torch
 
         if seed is not None:
             torch.manual_seed(seed)
-        prompts = [self.encode_chat(r.messages, r.prefix) for r in requests]
-        # 1. read every distinct prompt once, in batches (its samples share its KV)
-        began = time.perf_counter()
-        with torch.inference_mode():
-            if self.prefixes.max_tokens:
-                self._read_prompts(self._shared_prefixes(prompts))
-            distinct = list(dict.fromkeys(tuple(p) for p in prompts))
-            read = dict(zip(distinct, self._read_prompts([list(p) for p in distinct]), strict=True))
-        reading = time.perf_counter() - began
-        self.stats.seconds += reading
-        texts: list[list[str]] = [[] for _ in requests]
-        lengths: list[list[int]] = [[] for _ in requests]
-        seconds = [reading / len(requests)] * len(requests)
-        for group in _group_by_settings(requests):
-            sequences = [
-                _Sequence(index, prompts[index])
-                for index in group
-                for _ in range(requests[index].n)
-            ]
-            sequences.sort(key=lambda s: len(s.prompt_ids))
-            for start in range(0, len(sequences), self.batch_size):
-                chunk = sequences[start : start + self.batch_size]
-                began = time.perf_counter()
-                outputs = self._generate_chunk(chunk, requests[group[0]], read)
-                self.stats.seconds += time.perf_counter() - began
-                spent = (time.perf_counter() - began) / len(chunk)
-                for sequence, (text, count) in zip(chunk, outputs, strict=True):
-                    texts[sequence.request].append(text)
-                    lengths[sequence.request].append(count)
-                    seconds[sequence.request] += spent
-        results = [
-            GenerationResult(texts[i], len(prompts[i]), lengths[i], seconds[i])
-            for i in range(len(requests))
-        ]
-        self.stats.prompt_tokens += sum(len(p) for p in prompts)
-        return results
+        stream = self.stream()
+        tickets = [stream.submit(request) for request in requests]
+        results: dict[int, GenerationResult] = {}
+        while stream.busy:
+            results.update(stream.step())
+        return [results[ticket] for ticket in tickets]
 
-    def _generate_chunk(
-        self, chunk: list[_Sequence], settings: GenerationRequest, read: dict[tuple[int, ...], Any]
-    ) -> list[tuple[str, int]]:
-        """Sample every sequence of `chunk` to its stop, in one batch: each step decodes one
-        token per live sequence against the prompts' KV (`read`, kept once per prompt), and
-        finished sequences leave the batch at once, so the long tail is not paid for by the
-        whole chunk (their KV is kept when the caller will continue the conversation)."""
-        import torch
+    def stop_condition(self, kind: StopKind, prefix: str = "") -> StopCondition:
+        return StopCondition(self.tokenizer, self.eos_ids, kind, prefix)
 
-        tracker = StopTracker(self.tokenizer, [settings.stop] * len(chunk), settings.prefix)
-        tokens: list[list[int]] = [[] for _ in chunk]
-        with torch.inference_mode():
-            prompts = [tuple(s.prompt_ids) for s in chunk]
-            owner_of = {prompt: owner for owner, prompt in enumerate(dict.fromkeys(prompts))}
-            distinct = list(owner_of)
-            owners = [owner_of[prompt] for prompt in prompts]
-            batch = DecodeBatch([read[p][0] for p in distinct], owners, settings.max_new_tokens)
-            logits = torch.cat([read[distinct[owner]][1] for owner in owners])
-            live = list(range(len(chunk)))  # batch row -> index in chunk
-            with batch_attention(self.model):
-                for step in range(1, settings.max_new_tokens + 1):
-                    # choose each live sequence's next token; note which ones are done
-                    chosen = sample_tokens(logits, settings.temperature, settings.top_p)
-                    keep = []
-                    for row, token in enumerate(chosen.tolist()):
-                        tokens[live[row]].append(token)
-                        if tracker.update(live[row], token, step):
-                            self._keep_completion(
-                                batch, row, chunk[live[row]], tokens[live[row]], settings
-                            )
-                        else:
-                            keep.append(row)
-                    if not keep or step == settings.max_new_tokens:
-                        break
-                    # finished sequences leave; the rest take one step
-                    if len(keep) < len(live):
-                        index = torch.tensor(keep, device=batch.device)
-                        batch.keep(index)
-                        chosen = chosen[index]
-                        live = [live[row] for row in keep]
-                    output = self.model(
-                        input_ids=chosen[:, None],
-                        position_ids=batch.positions()[:, None],
-                        use_cache=False,
-                        kv_batch=batch,
-                    )
-                    batch.advance()
-                    logits = output.logits[:, -1]
-        results: list[tuple[str, int]] = []
-        for row, generated in enumerate(tokens):
-            count = tracker.lengths[row] or len(generated)
-            text = self.tokenizer.decode(generated[:count], skip_special_tokens=True)
-            if settings.stop == "code":
-                text = cut_after_code_block(text)
-            results.append((text, count))
-        self.stats.calls += 1
-        self.stats.sequences += len(chunk)
-        self.stats.batch_sizes.append(len(chunk))
-        self.stats.completion_tokens += sum(count for _, count in results)
-        return results
+    def keep_sequence(self, ids: list[int], layers: list[LayerKV]) -> None:
+        """Keep a finished sequence's KV (prompt and the tokens fed so far) in the prefix cache:
+        its conversation will be continued (a critique of the rewrite, a refinement of it)."""
+        if self.prefixes.max_tokens:
+            self.prefixes.add(ids, layers)
 
-    def _keep_completion(
-        self,
-        batch: DecodeBatch,
-        row: int,
-        sequence: _Sequence,
-        generated: list[int],
-        settings: GenerationRequest,
-    ) -> None:
-        """Keep a finished sequence's KV (prompt and the tokens fed so far) in the prefix cache,
-        when its request says the conversation will be continued (critique, refinement)."""
-        if settings.keep_cache and self.prefixes.max_tokens:
-            written = generated[: batch.length]
-            self.prefixes.add(sequence.prompt_ids + written, batch.sequence_kv(row))
+    def read_prompts(
+        self, prompts: list[list[int]]
+    ) -> tuple[list[tuple[int, ...]], list[tuple[list[LayerKV], Any]]]:
+        """Every distinct prompt read once: (the distinct prompts, their (KV, next-token
+        logits)). Long prefixes that several share are read first, so each reads only its
+        own tail after them."""
+        if self.prefixes.max_tokens:
+            self._read_prompts(self._shared_prefixes(prompts))
+        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+        return distinct, self._read_prompts([list(p) for p in distinct])
 
     def _read_prompts(self, prompts: list[list[int]]) -> list[tuple[list[LayerKV], Any]]:
         """(KV, next-token logits) of every prompt. Each reuses its longest cached prefix; the
@@ -517,21 +321,6 @@ def _batches_by_length(lengths: list[int], max_tokens: int) -> list[list[int]]:
                 continue
         groups.append([index])
     return groups
-
-
-def _group_by_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for index, request in enumerate(requests):
-        key = (
-            request.temperature,
-            request.top_p,
-            request.max_new_tokens,
-            request.stop,
-            request.prefix,
-            request.keep_cache,
-        )
-        groups.setdefault(key, []).append(index)
-    return list(groups.values())
 
 
 def _nf4_config(dtype: Any) -> Any:

@@ -1,22 +1,26 @@
-"""The search loop: many task trees advanced together so every generate call gets full batches.
+"""The search loop: many task trees advanced together so the generator always has full batches.
 
-Each iteration does, for every active tree at once: select a node by UCB1, ask the policy for K
-rewrites of it (one batched generate call for all trees), extract and test every rewrite (one
-sandbox batch), ask the policy to critique every valid rewrite (one more batched call), and back
-up the pass fraction. Finished trees leave and waiting tasks take their place.
+Each tree's search is written as a plain loop (`tree_search`): select a node by UCB1, ask the
+policy for K rewrites of it, extract and test every rewrite, ask the policy to critique every
+valid one, back up the pass fraction; until a full pass or the rollout budget. Where it needs
+the policy or the sandbox it yields what it needs and waits. `search` serves all trees at once:
+their rewrites and critiques share one continuous batch (a tree's critiques join it as soon as
+its rewrites are tested, not when every tree's are), their tests share each sandbox batch, and
+finished trees leave while waiting tasks take their place.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from codeq.config import CodeQConfig
 from codeq.policy.critique import SCORE_PREFIX, critique_request, q_ai_from
-from codeq.policy.engine import GenerationRequest, GenerationResult
 from codeq.policy.prompts import extract_program, is_valid_rewrite
-from codeq.schemas import Task, TestSplit, Trajectory, Verdict
+from codeq.policy.requests import GenerationRequest, GenerationResult
+from codeq.schemas import Node, Task, TestSplit, Trajectory, Verdict
 from codeq.search.tree import SearchSettings, Tree, reward_of
 
 if TYPE_CHECKING:
@@ -27,11 +31,70 @@ TrajectoryCallback = Callable[[Trajectory], None]
 
 
 class Policy(Protocol):
-    """What the search needs from a policy (PolicyEngine, or a scripted stand-in in tests)."""
+    """What the search needs from a policy (PolicyEngine, or a scripted stand-in in tests).
+    A policy with a `stream()` (continuous batching) is served through it; one with only
+    `generate` answers, in one call per loop turn, every request its trees have made."""
 
     name: str
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+
+class Stream(Protocol):
+    """Continuous batching: requests in at any time, (ticket, result) out after any step."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def submit(self, request: GenerationRequest) -> int: ...
+
+    def step(self) -> list[tuple[int, GenerationResult]]: ...
+
+
+class LockstepStream:
+    """A stream over a policy that only has `generate`: each step answers everything submitted
+    since the last one in a single call."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.pending: list[tuple[int, GenerationRequest]] = []
+        self._next_ticket = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def submit(self, request: GenerationRequest) -> int:
+        self._next_ticket += 1
+        self.pending.append((self._next_ticket, request))
+        return self._next_ticket
+
+    def step(self) -> list[tuple[int, GenerationResult]]:
+        pending, self.pending = self.pending, []
+        results = self.policy.generate([request for _, request in pending])
+        return [(ticket, result) for (ticket, _), result in zip(pending, results, strict=True)]
+
+
+def stream_of(policy: Policy) -> Stream:
+    make = getattr(policy, "stream", None)
+    return make() if callable(make) else LockstepStream(policy)
+
+
+@dataclass(frozen=True)
+class Generate:
+    """A tree needs these requests completed; it is sent their results, in order."""
+
+    requests: list[GenerationRequest]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A tree needs these programs tested on its reward tests; it is sent their verdicts."""
+
+    programs: list[str]
+
+
+TreeSteps = Generator[Generate | Score, Any, None]
 
 
 def sandbox_scorer(sandbox: Sandbox) -> Scorer:
@@ -78,6 +141,52 @@ def run_search(
     return search(tasks, engine, scorer, settings, on_trajectory=on_trajectory)
 
 
+def tree_search(tree: Tree) -> TreeSteps:
+    """One tree's whole search. Yields what it needs from the policy or the sandbox."""
+    settings = tree.settings
+    # 1. test the buggy program: the root starts with one visit worth its pass fraction
+    [tree.root.verdict] = yield Score([tree.root.program])
+    tree.backpropagate(tree.root, reward_of(tree.root.verdict))
+    while not tree.done:
+        # 2. select a node by UCB1 and ask for K rewrites of it
+        leaf = tree.select()
+        request = tree.expansion_request(leaf)
+        [result] = yield Generate([request])
+        tree.rollouts_done += 1
+        tree.count_tokens(result)
+        # 3. extract each rewrite into a child node; invalid ones (empty/unchanged) stay untested
+        children = []
+        for text in result.texts:
+            program = extract_program(text)
+            valid = is_valid_rewrite(program, leaf.program, tree.task.buggy_code)
+            children.append(tree.add_child(leaf, list(request.messages), text, program, valid))
+        testable = [child for child in children if child.valid]
+        if testable:
+            # 4. test every valid rewrite on the reward tests
+            verdicts = yield Score([child.program for child in testable])
+            for child, verdict in zip(testable, verdicts, strict=True):
+                child.verdict = verdict
+            # 5. the policy critiques every valid rewrite (Q_ai)
+            if settings.critique:
+                critiques = yield Generate([critique_of(child, settings) for child in testable])
+                for child, critique in zip(testable, critiques, strict=True):
+                    child.critique = SCORE_PREFIX + critique.texts[0] if critique.texts else ""
+                    child.q_ai = q_ai_from(critique.texts, SCORE_PREFIX)
+                    tree.count_tokens(critique)
+        # 6. backpropagate each rewrite's pass fraction to the root
+        for child in children:
+            tree.backpropagate(child, reward_of(child.verdict))
+
+
+def critique_of(node: Node, settings: SearchSettings) -> GenerationRequest:
+    return critique_request(
+        node.prompt,
+        node.completion,
+        temperature=settings.critique_temperature,
+        max_new_tokens=settings.critique_max_new_tokens,
+    )
+
+
 def search(
     tasks: Sequence[Task],
     policy: Policy,
@@ -87,91 +196,79 @@ def search(
     on_trajectory: TrajectoryCallback | None = None,
 ) -> list[Trajectory]:
     """Advance up to `settings.parallel_trees` trees together until every task is searched."""
-    waiting: deque[tuple[int, Task]] = deque(enumerate(tasks))
-    active: list[Tree] = []
-    finished: dict[int, Trajectory] = {}
-    while waiting or active:
-        # 1. admit waiting tasks into free slots and test their buggy programs (the roots)
-        admitted: list[Tree] = []
-        while waiting and len(active) + len(admitted) < settings.parallel_trees:
-            index, task = waiting.popleft()
-            admitted.append(Tree(task=task, settings=settings, index=index))
-        score_roots(admitted, scorer, settings.reward_tests)
-        active.extend(admitted)
-
-        # 2. select one node per tree by UCB1 and ask for K rewrites of each, in one call
-        leaves = [tree.select() for tree in active]
-        requests = [tree.expansion_request(leaf) for tree, leaf in zip(active, leaves, strict=True)]
-        results = policy.generate(requests)
-
-        # 3. extract each rewrite into a child node; invalid ones (empty/unchanged) stay untested
-        new_nodes = []
-        for tree, leaf, request, result in zip(active, leaves, requests, results, strict=True):
-            tree.rollouts_done += 1
-            tree.prompt_tokens += result.prompt_tokens
-            tree.completion_tokens += sum(result.completion_tokens)
-            for text in result.texts:
-                program = extract_program(text)
-                valid = is_valid_rewrite(program, leaf.program, tree.task.buggy_code)
-                child = tree.add_child(leaf, list(request.messages), text, program, valid)
-                new_nodes.append((tree, child))
-
-        # 4. test every valid rewrite of every tree in one sandbox batch
-        testable = [(tree, node) for tree, node in new_nodes if node.valid]
-        verdicts = scorer(
-            [(tree.task, node.program) for tree, node in testable], settings.reward_tests
-        )
-        for (_, node), verdict in zip(testable, verdicts, strict=True):
-            node.verdict = verdict
-
-        # 5. self-critique every valid rewrite in one batched call (Q_ai)
-        if settings.critique:
-            critique(testable, policy, settings)
-
-        # 6. backpropagate each rewrite's pass fraction to the root
-        for tree, node in new_nodes:
-            tree.backpropagate(node, reward_of(node.verdict))
-
-        # 7. retire finished trees (full pass or rollout budget spent)
-        still_active = []
-        for tree in active:
-            if tree.done:
-                trajectory = tree.trajectory()
-                finished[tree.index] = trajectory
-                if on_trajectory is not None:
-                    on_trajectory(trajectory)
-            else:
-                still_active.append(tree)
-        active = still_active
-    return [finished[index] for index in range(len(tasks))]
+    searching = _Searching(tasks, stream_of(policy), scorer, settings, on_trajectory)
+    while searching.waiting or searching.trees:
+        # 1. admit waiting tasks into free slots (each first asks for its buggy program's test)
+        searching.admit()
+        # 2. test every program that trees wait on, all in one sandbox batch
+        searching.score()
+        # 3. one generation step; trees whose requests finished go on to their next need
+        searching.generate()
+    return [searching.finished[index] for index in range(len(tasks))]
 
 
-def score_roots(trees: Sequence[Tree], scorer: Scorer, which: TestSplit) -> None:
-    """Test the buggy programs; the root starts with one visit worth its pass fraction."""
-    if not trees:
-        return
-    verdicts = scorer([(tree.task, tree.root.program) for tree in trees], which)
-    for tree, verdict in zip(trees, verdicts, strict=True):
-        tree.root.verdict = verdict
-        tree.backpropagate(tree.root, reward_of(verdict))
+class _Searching:
+    """The state of one `search`: trees in flight, what each waits for, finished trajectories."""
 
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        stream: Stream,
+        scorer: Scorer,
+        settings: SearchSettings,
+        on_trajectory: TrajectoryCallback | None,
+    ) -> None:
+        self.waiting: deque[tuple[int, Task]] = deque(enumerate(tasks))
+        self.stream, self.scorer, self.settings = stream, scorer, settings
+        self.on_trajectory = on_trajectory
+        self.trees: dict[int, tuple[Tree, TreeSteps]] = {}
+        self.to_score: list[tuple[int, Score]] = []
+        self.tickets: dict[int, tuple[int, int]] = {}  # ticket -> (tree index, position)
+        self.answers: dict[int, list[Any]] = {}  # tree index -> results so far of its Generate
+        self.finished: dict[int, Trajectory] = {}
 
-def critique(nodes: Sequence[tuple[Tree, Any]], policy: Policy, settings: SearchSettings) -> None:
-    """Ask the policy to score each program; parse the scores into Q_ai in [0, 1]."""
-    if not nodes:
-        return
-    requests = [
-        critique_request(
-            node.prompt,
-            node.completion,
-            temperature=settings.critique_temperature,
-            max_new_tokens=settings.critique_max_new_tokens,
-        )
-        for tree, node in nodes
-    ]
-    results = policy.generate(requests)
-    for (tree, node), result in zip(nodes, results, strict=True):
-        node.critique = SCORE_PREFIX + result.texts[0] if result.texts else ""
-        node.q_ai = q_ai_from(result.texts, SCORE_PREFIX)
-        tree.prompt_tokens += result.prompt_tokens
-        tree.completion_tokens += sum(result.completion_tokens)
+    def admit(self) -> None:
+        while self.waiting and len(self.trees) < self.settings.parallel_trees:
+            index, task = self.waiting.popleft()
+            tree = Tree(task=task, settings=self.settings, index=index)
+            self.trees[index] = (tree, tree_search(tree))
+            self._resume(index, None)
+
+    def score(self) -> None:
+        if not self.to_score:
+            return
+        batch, self.to_score = self.to_score, []
+        items = [(self.trees[i][0].task, code) for i, need in batch for code in need.programs]
+        verdicts = iter(self.scorer(items, self.settings.reward_tests))
+        for index, need in batch:
+            self._resume(index, [next(verdicts) for _ in need.programs])
+
+    def generate(self) -> None:
+        if not self.stream.busy:
+            return
+        for ticket, result in self.stream.step():
+            index, position = self.tickets.pop(ticket)
+            answers = self.answers[index]
+            answers[position] = result
+            if all(answer is not None for answer in answers):
+                del self.answers[index]
+                self._resume(index, answers)
+
+    def _resume(self, index: int, answer: Any) -> None:
+        """Send a tree what it waited for; note what it needs next, or retire it."""
+        tree, steps = self.trees[index]
+        try:
+            need = steps.send(answer)
+        except StopIteration:
+            del self.trees[index]
+            trajectory = tree.trajectory()
+            self.finished[index] = trajectory
+            if self.on_trajectory is not None:
+                self.on_trajectory(trajectory)
+            return
+        if isinstance(need, Score):
+            self.to_score.append((index, need))
+            return
+        self.answers[index] = [None] * len(need.requests)
+        for position, request in enumerate(need.requests):
+            self.tickets[self.stream.submit(request)] = (index, position)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from codeq.config import CodeQConfig
-from codeq.policy.engine import GenerationRequest
 from codeq.policy.prompts import (
     agent_messages,
     fenced,
@@ -17,6 +16,7 @@ from codeq.policy.prompts import (
     refine_messages,
     visible_failures,
 )
+from codeq.policy.requests import GenerationRequest, GenerationResult
 from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdict
 
 SearchMode = Literal["mcts", "bon", "greedy", "plain"]
@@ -222,6 +222,10 @@ class Tree:
         self.children[child.id] = []
         self.children[parent.id].append(child.id)
         return child
+
+    def count_tokens(self, result: GenerationResult) -> None:
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += sum(result.completion_tokens)
 
     # ------------------------------------------------------------------ 3. backpropagation
 

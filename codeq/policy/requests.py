@@ -1,0 +1,51 @@
+"""What callers ask of the policy engine and what they get back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codeq.policy.stopping import StopKind
+from codeq.schemas import ChatMessage
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chat prompt to complete `n` times with the same sampling settings."""
+
+    messages: list[ChatMessage]
+    n: int = 1
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 768
+    prefix: str = ""  # start of the assistant's answer, written for the model (e.g. "Score: ")
+    stop: StopKind = "code"  # 'code': end at the close of the first fenced block; 'score': at
+    # the end of the line giving a score; 'none': EOS or max_new_tokens only
+    keep_cache: bool = False  # keep each completion's KV for reuse: the caller will continue
+    # this conversation (a critique of the rewrite, a refinement of it)
+
+
+@dataclass
+class GenerationResult:
+    texts: list[str]
+    prompt_tokens: int
+    completion_tokens: list[int]
+    seconds: float = 0.0
+
+
+@dataclass
+class GenerationStats:
+    """Running totals of one engine (benchmarks and trajectories read them)."""
+
+    admissions: int = 0  # times waiting requests joined the batch (their prompts read together)
+    sequences: int = 0  # sequences finished
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens run through the model (the rest came from cache)
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0  # decode steps
+    step_rows: int = 0  # sequences advanced, summed over decode steps
+    max_rows: int = 0  # the most sequences one decode step advanced
+
+    @property
+    def mean_rows(self) -> float:
+        return self.step_rows / self.steps if self.steps else 0.0
