@@ -7,7 +7,7 @@ cache, so neither reuses prompts the other read. Runs go in the order batched, s
 batched (`--repeats 2`, the default) so a machine that speeds up or slows down during the bench
 weighs on both alike. Prints completion tokens/s, tasks/hour and the ratio.
 
-    python bench/search.py                      # SmolLM2-135M, 8 builtin tasks, K=2, 2 rollouts
+    python bench/search.py                      # SmolLM2-135M, 16 builtin tasks, K=2, 2 rollouts
     python bench/search.py --tasks tasks/train.jsonl --n-tasks 8 --json bench-search.json
 """
 
@@ -29,12 +29,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="policy model (default smollm2)")
     parser.add_argument("--tasks", help="tasks JSONL; default: the builtin tasks, prepared now")
-    parser.add_argument("--n-tasks", type=int, default=8)
+    parser.add_argument("--n-tasks", type=int, default=16)
     parser.add_argument("--k", type=int, default=2, help="rewrites per expansion")
     parser.add_argument("--rollouts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--critique-tokens", type=int, default=24)
-    parser.add_argument("--parallel-trees", type=int, default=8)
+    parser.add_argument("--parallel-trees", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--repeats", type=int, default=2, help="runs per condition, in ABBA order (default 2)"

@@ -68,6 +68,29 @@ def test_several_samples_per_prompt_across_chunks_keep_request_order(tiny_engine
     assert [r.texts for r in again] == [r.texts for r in results]  # seeded: reproducible
 
 
+def test_stream_admits_requests_mid_flight_and_returns_each_when_done(tiny_engine):
+    """Continuous batching: a request submitted while others decode joins the batch, comes
+    back as soon as its own samples stop, and decodes exactly as it would alone (greedy)."""
+    long = GenerationRequest(
+        chat("A long one."), n=2, temperature=0.0, max_new_tokens=12, stop="none"
+    )
+    short = GenerationRequest(chat("Short."), n=1, temperature=0.0, max_new_tokens=3, stop="none")
+    alone = {id(r): tiny_engine.generate([r])[0].texts for r in (long, short)}
+    stream = tiny_engine.stream()
+    first = stream.submit(long)
+    done: dict[int, tuple[int, list[str]]] = {}
+    for step in range(1, 40):
+        if step == 4:  # the long request has 3 tokens already
+            second = stream.submit(short)
+        for ticket, result in stream.step():
+            done[ticket] = (step, result.texts)
+        if not stream.busy:
+            break
+    assert done[first][1] == alone[id(long)] and done[second][1] == alone[id(short)]
+    assert done[second][0] < done[first][0]  # the late, short request finished first
+    assert tiny_engine.stats.max_rows <= tiny_engine.batch_size
+
+
 def test_prompts_are_cut_from_the_top(tiny_model_dir):
     config = PolicyConfig(model=str(tiny_model_dir), dtype="float32", max_prompt_tokens=64)
     engine = PolicyEngine.load(config)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -195,15 +196,24 @@ def search(
     *,
     on_trajectory: TrajectoryCallback | None = None,
 ) -> list[Trajectory]:
-    """Advance up to `settings.parallel_trees` trees together until every task is searched."""
-    searching = _Searching(tasks, stream_of(policy), scorer, settings, on_trajectory)
-    while searching.waiting or searching.trees:
-        # 1. admit waiting tasks into free slots (each first asks for its buggy program's test)
-        searching.admit()
-        # 2. test every program that trees wait on, all in one sandbox batch
-        searching.score()
-        # 3. one generation step; trees whose requests finished go on to their next need
-        searching.generate()
+    """Advance up to `settings.parallel_trees` trees together until every task is searched.
+    With a streaming policy the sandbox tests in a background thread while the policy decodes
+    (a GPU would otherwise idle during every sandbox batch); with a lockstep stand-in the tests
+    run in turn, so its calls are the same on every run."""
+    stream = stream_of(policy)
+    background = None if isinstance(stream, LockstepStream) else ThreadPoolExecutor(1)
+    searching = _Searching(tasks, stream, scorer, settings, on_trajectory, background)
+    try:
+        while searching.waiting or searching.trees:
+            # 1. admit waiting tasks into free slots (each first asks for its buggy program's test)
+            searching.admit()
+            # 2. hand back finished tests; start testing every program that trees wait on
+            searching.score()
+            # 3. one generation step; trees whose requests finished go on to their next need
+            searching.generate()
+    finally:
+        if background is not None:
+            background.shutdown(wait=True, cancel_futures=True)
     return [searching.finished[index] for index in range(len(tasks))]
 
 
@@ -217,12 +227,15 @@ class _Searching:
         scorer: Scorer,
         settings: SearchSettings,
         on_trajectory: TrajectoryCallback | None,
+        background: ThreadPoolExecutor | None,
     ) -> None:
         self.waiting: deque[tuple[int, Task]] = deque(enumerate(tasks))
         self.stream, self.scorer, self.settings = stream, scorer, settings
         self.on_trajectory = on_trajectory
+        self.background = background
         self.trees: dict[int, tuple[Tree, TreeSteps]] = {}
         self.to_score: list[tuple[int, Score]] = []
+        self.scoring: tuple[list[tuple[int, Score]], Future[list[Verdict]]] | None = None
         self.tickets: dict[int, tuple[int, int]] = {}  # ticket -> (tree index, position)
         self.answers: dict[int, list[Any]] = {}  # tree index -> results so far of its Generate
         self.finished: dict[int, Trajectory] = {}
@@ -235,13 +248,27 @@ class _Searching:
             self._resume(index, None)
 
     def score(self) -> None:
-        if not self.to_score:
-            return
-        batch, self.to_score = self.to_score, []
-        items = [(self.trees[i][0].task, code) for i, need in batch for code in need.programs]
-        verdicts = iter(self.scorer(items, self.settings.reward_tests))
-        for index, need in batch:
-            self._resume(index, [next(verdicts) for _ in need.programs])
+        """Start testing every program that trees wait on (all trees' in one batch) unless a
+        batch is in test; hand back a batch's verdicts once it is done, waiting for it only
+        when nothing can be decoded meanwhile."""
+        if self.scoring is None and self.to_score:
+            batch, self.to_score = self.to_score, []
+            items = [(self.trees[i][0].task, code) for i, need in batch for code in need.programs]
+            self.scoring = (batch, self._test(items))
+        if self.scoring is not None and (self.scoring[1].done() or not self.stream.busy):
+            batch, future = self.scoring
+            self.scoring = None
+            verdicts = iter(future.result())
+            for index, need in batch:
+                self._resume(index, [next(verdicts) for _ in need.programs])
+
+    def _test(self, items: list[tuple[Task, str]]) -> Future[list[Verdict]]:
+        which = self.settings.reward_tests
+        if self.background is not None:
+            return self.background.submit(self.scorer, items, which)
+        done: Future[list[Verdict]] = Future()
+        done.set_result(self.scorer(items, which))
+        return done
 
     def generate(self) -> None:
         if not self.stream.busy:
