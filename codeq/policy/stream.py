@@ -75,6 +75,8 @@ class GenerationStream:
 
     def submit(self, request: GenerationRequest) -> int:
         """Queue a request; returns its ticket, which `step` hands back with the result."""
+        if request.n < 1:
+            raise ValueError(f"a generation request needs n >= 1 samples, not {request.n}")
         ticket = self._next_ticket
         self._next_ticket += 1
         prompt = self.engine.encode_chat(request.messages, request.prefix)
