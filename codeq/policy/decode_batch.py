@@ -62,13 +62,7 @@ class DecodeBatch:
             self.prompts
         )
         new_owners = torch.tensor(owners, dtype=torch.long, device=self.device) + len(used)
-        capacity = max(capacity, self.capacity)
-        written = int(self.lengths.max()) if self.rows else 0
-        for parts in (self.own_keys, self.own_values):
-            for layer, old in enumerate(parts):
-                grown = self._own_buffer(self.rows + len(owners), capacity)
-                grown[: self.rows, :, :written] = old[:, :, :written]
-                parts[layer] = grown
+        self._resize_own(self.rows + len(owners), max(capacity, self.capacity))
         self.lengths = torch.cat([self.lengths, torch.zeros_like(new_owners)])
         self._set_owners(torch.cat([old_owners, new_owners]))
 
@@ -79,12 +73,7 @@ class DecodeBatch:
     def keep(self, rows: Any) -> None:
         """Keep only these rows (finished sequences leave the batch). Only the own tokens
         written so far are copied."""
-        written = int(self.lengths.max())
-        for parts in (self.own_keys, self.own_values):
-            for layer, old in enumerate(parts):
-                kept = self._own_buffer(len(rows), self.capacity)
-                kept[:, :, :written] = old[:, :, :written].index_select(0, rows)
-                parts[layer] = kept
+        self._resize_own(len(rows), self.capacity, keep=rows)
         self.lengths = self.lengths[rows]
         self._set_owners(self.owners[rows])
 
@@ -110,6 +99,19 @@ class DecodeBatch:
                 self.prompt_keys, self.prompt_values, self.own_keys, self.own_values, strict=True
             )
         ]
+
+    def _resize_own(self, rows: int, capacity: int, keep: Any = None) -> None:
+        """New own buffers of `rows` rows; the current rows (or those in the index `keep`)
+        go first, with only the tokens written so far copied."""
+        written = int(self.lengths.max()) if self.rows else 0
+        for parts in (self.own_keys, self.own_values):
+            for layer, old in enumerate(parts):
+                kept = old[:, :, :written]
+                if keep is not None:
+                    kept = kept.index_select(0, keep)
+                resized = self._own_buffer(rows, capacity)
+                resized[: len(kept), :, :written] = kept
+                parts[layer] = resized
 
     def _own_buffer(self, rows: int, capacity: int) -> Any:
         import torch

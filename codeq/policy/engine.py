@@ -234,12 +234,6 @@ class PolicyEngine:
     def stop_condition(self, kind: StopKind, prefix: str = "") -> StopCondition:
         return StopCondition(self.tokenizer, self.eos_ids, kind, prefix)
 
-    def keep_sequence(self, ids: list[int], layers: list[LayerKV]) -> None:
-        """Keep a finished sequence's KV (prompt and the tokens fed so far) in the prefix cache:
-        its conversation will be continued (a critique of the rewrite, a refinement of it)."""
-        if self.prefixes.max_tokens:
-            self.prefixes.add(ids, layers)
-
     def read_prompts(
         self, prompts: list[list[int]]
     ) -> tuple[list[tuple[int, ...]], list[tuple[list[LayerKV], Any]]]:

@@ -45,7 +45,3 @@ class GenerationStats:
     steps: int = 0  # decode steps
     step_rows: int = 0  # sequences advanced, summed over decode steps
     max_rows: int = 0  # the most sequences one decode step advanced
-
-    @property
-    def mean_rows(self) -> float:
-        return self.step_rows / self.steps if self.steps else 0.0

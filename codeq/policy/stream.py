@@ -36,10 +36,15 @@ class _Ticket:
 
     request: GenerationRequest
     prompt_ids: list[int]
-    texts: list[str] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    unfinished: int = 0
+    texts: list[str] = field(init=False)  # by sample
+    lengths: list[int] = field(init=False)
+    unfinished: int = field(init=False)
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.texts = [""] * self.request.n
+        self.lengths = [0] * self.request.n
+        self.unfinished = self.request.n
 
     def result(self) -> GenerationResult:
         return GenerationResult(self.texts, len(self.prompt_ids), self.lengths, self.seconds)
@@ -80,7 +85,7 @@ class GenerationStream:
         ticket = self._next_ticket
         self._next_ticket += 1
         prompt = self.engine.encode_chat(request.messages, request.prefix)
-        self.tickets[ticket] = _Ticket(request, prompt, unfinished=request.n)
+        self.tickets[ticket] = _Ticket(request, prompt)
         self.waiting.append(ticket)
         return ticket
 
@@ -124,10 +129,11 @@ class GenerationStream:
             free -= samples
         prompts = [self.tickets[t].prompt_ids for t in admitted]
         distinct, read = self.engine.read_prompts(prompts)
+        owner_of = {prompt: owner for owner, prompt in enumerate(distinct)}
         owners: list[int] = []
         for ticket in admitted:
             entry = self.tickets[ticket]
-            owner = distinct.index(tuple(entry.prompt_ids))
+            owner = owner_of[tuple(entry.prompt_ids)]
             for sample in range(entry.request.n):
                 stop = self.engine.stop_condition(entry.request.stop, entry.request.prefix)
                 self.sequences.append(_Sequence(ticket, sample, stop))
@@ -207,16 +213,13 @@ class GenerationStream:
         returns its request's result once every sample of it has finished."""
         assert self.batch is not None
         entry = self.tickets[sequence.ticket]
-        if entry.request.keep_cache:
+        if entry.request.keep_cache and self.engine.prefixes.max_tokens:
             written = sequence.tokens[: self.batch.own_length(row)]
-            self.engine.keep_sequence(entry.prompt_ids + written, self.batch.sequence_kv(row))
+            self.engine.prefixes.add(entry.prompt_ids + written, self.batch.sequence_kv(row))
         count = sequence.stop.length or len(sequence.tokens)
         text = self.engine.tokenizer.decode(sequence.tokens[:count], skip_special_tokens=True)
         if entry.request.stop == "code":
             text = cut_after_code_block(text)
-        if not entry.texts:
-            entry.texts = [""] * entry.request.n
-            entry.lengths = [0] * entry.request.n
         entry.texts[sequence.sample], entry.lengths[sequence.sample] = text, count
         entry.unfinished -= 1
         self.engine.stats.sequences += 1
