@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codeq.policy.decode_batch import DecodeBatch, fused_cpu_attention, matmul_attention
+from codeq.policy.decode_batch import (
+    DecodeBatch,
+    fused_cpu_attention,
+    length_buckets,
+    matmul_attention,
+)
 from codeq.policy.prefix_cache import PrefixCache
 from codeq.policy.sampling import CANDIDATES, sample_tokens
 
@@ -84,6 +89,16 @@ def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence(
     [(keys, _), _] = batch.sequence_kv(rows.index(6))
     expected = torch.cat([prompt_of[6][0][0][0], *own[6][0][0]], dim=1)
     torch.testing.assert_close(keys[0], expected)
+
+
+def test_prompts_are_attended_in_buckets_of_similar_length():
+    assert length_buckets([4, 5, 7, 9]) == [(0, 2, 5), (2, 4, 9)]
+    assert length_buckets([300, 310, 320]) == [(0, 3, 320)]
+    assert length_buckets([100, 400, 900]) == [(0, 1, 100), (1, 2, 400), (2, 3, 900)]
+    # the batch keeps its prompts shortest first, so each bucket is one run of them
+    batch = DecodeBatch([random_prompt(9), random_prompt(4), random_prompt(5)], [0, 1, 2], 2)
+    assert batch.prompt_lengths.tolist() == [4, 5, 9]
+    assert batch.prompt_buckets == [(0, 2, 5), (2, 3, 9)]
 
 
 def test_sequence_kv_joins_the_prompt_and_the_rows_own_tokens():

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from codeq.policy.engine import GenerationRequest
 from codeq.schemas import ChatMessage
 
+# Kept short: every critique reads it after its own conversation, and critique reads were 40%
+# of all prompt tokens read in the search bench (35 tokens now, 54 before).
 CRITIQUE_INSTRUCTION = (
-    "Now review the program in your last answer as a strict code reviewer. How likely is it to "
-    "be correct on all tests, hidden ones included? Answer with one line 'Score: N/10' "
-    "(0 = certainly wrong, 10 = certainly correct)."
+    "How likely is the program in your last answer to pass all tests, hidden ones too? "
+    "Reply 'Score: N/10' (10 = surely correct)."
 )
 NEUTRAL_SCORE = 0.5
 SCORE_PREFIX = "Score: "  # the answer is started for the model, so it writes a number next

@@ -54,14 +54,22 @@ class DecodeBatch:
         import torch
 
         used = sorted(set(self.owners.tolist()))
+        kept = [self.prompts[i] for i in used] + prompts
+        # Shortest prompt first, so that attention reads them in buckets of similar length
+        # (`prompt_buckets`). `position` maps an index in `kept` to the prompt's new index.
+        order = sorted(range(len(kept)), key=lambda i: kept[i][0][0].shape[2])
+        position = torch.empty(len(kept), dtype=torch.long, device=self.device)
+        position[order] = torch.arange(len(kept), device=self.device)
         renumber = torch.zeros(max(len(self.prompts), 1), dtype=torch.long, device=self.device)
-        renumber[used] = torch.arange(len(used), device=self.device)
+        renumber[used] = position[: len(used)]
         old_owners = renumber[self.owners] if self.rows else self.owners
-        self.prompts = [self.prompts[i] for i in used] + prompts
+        new_owners = torch.tensor(owners, dtype=torch.long, device=self.device) + len(used)
+        new_owners = position[new_owners]
+        self.prompts = [kept[i] for i in order]
         self.prompt_keys, self.prompt_values, self.prompt_lengths, self.prompt_bias = stack_prompts(
             self.prompts
         )
-        new_owners = torch.tensor(owners, dtype=torch.long, device=self.device) + len(used)
+        self.prompt_buckets = length_buckets(self.prompt_lengths.tolist())
         self._resize_own(self.rows + len(owners), max(capacity, self.capacity))
         self.lengths = torch.cat([self.lengths, torch.zeros_like(new_owners)])
         self._set_owners(torch.cat([old_owners, new_owners]))
@@ -155,13 +163,7 @@ class DecodeBatch:
         groups = heads // kv_heads  # query head h reads kv head h // groups
         query = query.view(rows, kv_heads, groups, head_dim)
         # The prompts: one attention per prompt over all its rows' queries.
-        prompt_out, prompt_lse = partial_attention(
-            self._to_slots(query),
-            self.prompt_keys[layer],
-            self.prompt_values[layer],
-            self.prompt_bias,
-            scaling,
-        )
+        prompt_out, prompt_lse = self._attend_prompts(layer, self._to_slots(query), scaling)
         prompt_out = self._from_slots(prompt_out, groups)
         prompt_lse = self._from_slots(prompt_lse[..., None], groups)[..., 0]
         own_out, own_lse = partial_attention(
@@ -173,6 +175,27 @@ class DecodeBatch:
         )
         output = merge_partials(prompt_out, prompt_lse, own_out, own_lse)
         return output.reshape(rows, 1, heads, head_dim)
+
+    def _attend_prompts(self, layer: int, slotted: Any, scaling: float) -> tuple[Any, Any]:
+        """Each bucket of similar-length prompts attended apart, each read only up to its
+        longest prompt: a batch padded to its longest prompt reads the padding of every
+        shorter one (measured in a search: a quarter more than the prompts' own length)."""
+        import torch
+
+        keys, values = self.prompt_keys[layer], self.prompt_values[layer]
+        parts = [
+            partial_attention(
+                slotted[start:stop],
+                keys[start:stop, :, :width],
+                values[start:stop, :, :width],
+                self.prompt_bias[start:stop, :, :, :width],
+                scaling,
+            )
+            for start, stop, width in self.prompt_buckets
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([out for out, _ in parts]), torch.cat([lse for _, lse in parts])
 
     def _prepare_own_attention(self) -> None:
         """This step's own positions: where each row writes, and what it reads: up to the
@@ -281,6 +304,23 @@ def stack_prompts(prompts: list[list[LayerKV]]) -> tuple[list[Any], list[Any], A
     return keys, values, lengths, attention_bias(padding[:, None, None, :], first.dtype)
 
 
+BUCKET_FILL = 0.75  # a prompt shares a bucket only with prompts at most 1/0.75 times its length
+
+
+def length_buckets(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """(start, stop, width) of runs of `lengths` (ascending) whose shortest is at least
+    `BUCKET_FILL` of their longest (`width`)."""
+    buckets: list[tuple[int, int, int]] = []
+    stop = len(lengths)
+    while stop > 0:
+        width, start = lengths[stop - 1], stop - 1
+        while start > 0 and lengths[start - 1] >= BUCKET_FILL * width:
+            start -= 1
+        buckets.append((start, stop, width))
+        stop = start
+    return buckets[::-1]
+
+
 def attention_bias(hidden: Any, dtype: Any) -> Any:
     """Additive attention bias: -inf where `hidden`, else 0."""
     import torch
@@ -291,8 +331,11 @@ def attention_bias(hidden: Any, dtype: Any) -> Any:
 
 
 def _right_padded(tensors: list[Any], width: int) -> Any:
-    import torch
-
-    return torch.cat(
-        [torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2])) for t in tensors], dim=0
-    )
+    """[1, heads, length, d] tensors stacked into one [n, heads, width, d], zeros after each
+    one's length; each is copied once (padding each, then joining them, copied every prompt's
+    KV twice at every admission)."""
+    first = tensors[0]
+    stacked = first.new_zeros(len(tensors), first.shape[1], width, first.shape[3])
+    for row, tensor in enumerate(tensors):
+        stacked[row, :, : tensor.shape[2]] = tensor[0]
+    return stacked
