@@ -9,10 +9,10 @@ from codeq.policy.engine import GenerationRequest
 from codeq.schemas import ChatMessage
 
 # Kept short: every critique reads it after its own conversation, and critique reads were 40%
-# of all prompt tokens read in the search bench (35 tokens now, 54 before).
+# of all prompt tokens read in the search bench (30 tokens now, 54 before).
 CRITIQUE_INSTRUCTION = (
     "How likely is the program in your last answer to pass all tests, hidden ones too? "
-    "Reply 'Score: N/10' (10 = surely correct)."
+    "Answer with one line 'Score: N/10'."
 )
 NEUTRAL_SCORE = 0.5
 SCORE_PREFIX = "Score: "  # the answer is started for the model, so it writes a number next
