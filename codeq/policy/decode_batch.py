@@ -304,21 +304,30 @@ def stack_prompts(prompts: list[list[LayerKV]]) -> tuple[list[Any], list[Any], A
     return keys, values, lengths, attention_bias(padding[:, None, None, :], first.dtype)
 
 
-BUCKET_FILL = 0.75  # a prompt shares a bucket only with prompts at most 1/0.75 times its length
+MAX_PADDING = 1.25  # padded / real tokens of one group of sequences padded to one length
+
+
+def groups_by_length(lengths: list[int], max_tokens: int | None = None) -> list[list[int]]:
+    """Indexes grouped by length, shortest first, so that a group's padded size stays within
+    `MAX_PADDING` of its real tokens and within `max_tokens` (a longer one goes alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for index in order:
+        if groups:
+            padded = lengths[index] * (len(groups[-1]) + 1)
+            real = sum(lengths[i] for i in groups[-1]) + lengths[index]
+            fits = max_tokens is None or padded <= max_tokens
+            if fits and padded <= MAX_PADDING * real:
+                groups[-1].append(index)
+                continue
+        groups.append([index])
+    return groups
 
 
 def length_buckets(lengths: list[int]) -> list[tuple[int, int, int]]:
-    """(start, stop, width) of runs of `lengths` (ascending) whose shortest is at least
-    `BUCKET_FILL` of their longest (`width`)."""
-    buckets: list[tuple[int, int, int]] = []
-    stop = len(lengths)
-    while stop > 0:
-        width, start = lengths[stop - 1], stop - 1
-        while start > 0 and lengths[start - 1] >= BUCKET_FILL * width:
-            start -= 1
-        buckets.append((start, stop, width))
-        stop = start
-    return buckets[::-1]
+    """(start, stop, width) of the runs of `lengths` (ascending) that `groups_by_length`
+    groups together; `width` is the run's longest."""
+    return [(group[0], group[-1] + 1, lengths[group[-1]]) for group in groups_by_length(lengths)]
 
 
 def attention_bias(hidden: Any, dtype: Any) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy.attention import batch_attention
+from codeq.policy.decode_batch import groups_by_length
 from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
 from codeq.policy.prefix_cache import LayerKV, PrefixCache, common_prefix_length
 from codeq.policy.prompt_batch import PromptBatch
@@ -253,7 +254,7 @@ class PolicyEngine:
         prefixes = [layers or self._empty_kv() for _, layers in lookups]
         tails = [ids[reused:] for ids, (reused, _) in zip(prompts, lookups, strict=True)]
         results: list[Any] = [None] * len(prompts)
-        for group in _batches_by_length([len(t) for t in tails], READ_BATCH_TOKENS):
+        for group in groups_by_length([len(t) for t in tails], READ_BATCH_TOKENS):
             batch = PromptBatch([prefixes[i] for i in group], [len(tails[i]) for i in group])
             with batch_attention(self.model):
                 output = self.model(
@@ -298,23 +299,6 @@ class PolicyEngine:
 
 MIN_SHARED_PREFIX = 64  # tokens; shorter shared prefixes are not worth a separate read
 READ_BATCH_TOKENS = 4096  # padded tail tokens read in one forward
-MAX_PADDING = 1.25  # padded / real tokens of one read batch
-
-
-def _batches_by_length(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indexes grouped by length, shortest first, so that a group's padded size stays within
-    `max_tokens` and within `MAX_PADDING` of its real tokens (a longer one goes alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    for index in order:
-        if groups:
-            padded = lengths[index] * (len(groups[-1]) + 1)
-            real = sum(lengths[i] for i in groups[-1]) + lengths[index]
-            if padded <= max_tokens and padded <= MAX_PADDING * real:
-                groups[-1].append(index)
-                continue
-        groups.append([index])
-    return groups
 
 
 def _nf4_config(dtype: Any) -> Any:
