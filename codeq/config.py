@@ -63,6 +63,12 @@ class TasksConfig(Section):
     max_items: int | None = Field(
         None, ge=1, description="Read at most this many items (quick runs); None reads all."
     )
+    train_per_round: int | None = Field(
+        None,
+        ge=1,
+        description="Collect on this many train tasks per round: round r takes the r-th slice "
+        "of one seeded shuffle, so rounds search different problems. None: every train task.",
+    )
 
 
 class SandboxConfig(Section):

@@ -76,3 +76,22 @@ def test_round_job_refuses_a_round_that_skips_ahead(tmp_path, store):
         "error: round 3 of run 'jobs' cannot start: round 2 has not finished (no "
         f"file://{tmp_path / 'store'}/runs/jobs/round-2/report marker)"
     ]
+
+
+def test_codeq_round_refuses_a_round_whose_predecessor_has_not_finished(tmp_path, capsys):
+    from codeq.cli import run as cli_run
+
+    code = cli_run(["round", "--round", "1", "--out", str(tmp_path / "local")])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert [line for line in captured.err.splitlines() if line.startswith("error:")] == [
+        "error: round 1 of run 'local' cannot start: round 0 has not finished (no "
+        f"file://{tmp_path / 'local' / 'store'}/runs/local/round-0/report marker)"
+    ]
+
+
+def test_the_prepare_job_refuses_a_round_whose_predecessor_has_not_finished(tmp_path):
+    uri = {"CODEQ_STORE__URI": f"file://{tmp_path / 'store'}"}
+    refused = run_job("prepare", {**uri, "CODEQ_STORE__ROUND": "1"})
+    assert refused.returncode == 2
+    assert error_lines(refused)[0].startswith("error: round 1 of run 'jobs' cannot start")

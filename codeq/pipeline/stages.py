@@ -17,10 +17,10 @@ from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import BadInputError, CorruptInputError, MissingInputError, StoreError
-from codeq.evaluate.results import EvalResults, Split
+from codeq.evaluate.results import EvalResults, Rate, Split
 from codeq.pipeline.policies import current_policy, load_policy, policy_config, set_current
 from codeq.pipeline.round_state import require_previous_finished
-from codeq.schemas import Lineage, Trajectory, read_jsonl, write_json, write_jsonl
+from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_json, write_jsonl
 from codeq.store import MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
 
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
@@ -78,9 +78,25 @@ def prepare_stage(ctx: StageContext, source: str | None = None) -> dict[str, Any
     out_dir = ctx.workdir("tasks")
     log(f"prepare: building tasks from {source}")
     report = prepare(source, out_dir, ctx.config)
+    _sample_train_tasks(ctx, out_dir / "train.jsonl", report)
     ctx.store.put_dir(prefix, out_dir)
     counts = {name: _count_lines(out_dir / f"{name}.jsonl") for name in SPLITS}
     return _finish(ctx, prefix, "prepare", {"source": source, "tasks": counts, "report": report})
+
+
+def _sample_train_tasks(ctx: StageContext, train_path: Path, report: dict[str, Any]) -> None:
+    """Keep this round's sample of the train tasks (tasks.train_per_round), if one is set."""
+    from codeq.tasks.pipeline import round_sample
+
+    size = ctx.config.tasks.train_per_round
+    if size is None:
+        return
+    tasks = read_jsonl(train_path, Task)
+    sample = round_sample(tasks, size, ctx.config.tasks.seed, ctx.layout.round)
+    write_jsonl(train_path, sample)
+    report["train_this_round"] = len(sample)
+    write_json(train_path.with_name("report.json"), report)
+    log(f"prepare: round {ctx.layout.round} collects on {len(sample)} of {len(tasks)} train tasks")
 
 
 def _count_lines(path: Path) -> int:
@@ -479,6 +495,41 @@ def _optional_results(folder: Path) -> EvalResults | None:
 # ------------------------------------------------------------------------------ report
 
 
+def learning_curve(
+    ctx: StageContext, incumbent: Path | None, promoted: Path | None
+) -> list[dict[str, Any]]:
+    """The test-split results of the policy each round of the run started from (its
+    incumbent), then this round's promoted candidate: one point per policy, in order."""
+    paths: list[tuple[str, Path]] = []
+    for number in range(ctx.layout.round):
+        prefix = ctx.layout.of_round(number).stage("eval")
+        target = ctx.workdir(f"report-in/history/round-{number}") / "results.json"
+        if ctx.store.is_complete(prefix) and ctx.store.get_verified_file(
+            prefix, "incumbent/test/results.json", target
+        ):
+            paths.append((f"round {number}", target))
+    if incumbent is not None:
+        paths.append((f"round {ctx.layout.round}", incumbent))
+    if promoted is not None:
+        paths.append((f"after round {ctx.layout.round}", promoted))
+    points = []
+    for label, path in paths:
+        results = EvalResults.load(path)
+        points.append(
+            {
+                "label": label,
+                "policy": results.policy.id if results.policy else None,
+                "modes": {
+                    mode: Rate.model_validate(
+                        stats.model_dump(include=set(Rate.model_fields))
+                    ).model_dump()
+                    for mode, stats in results.modes.items()
+                },
+            }
+        )
+    return points
+
+
 def report_stage(ctx: StageContext) -> dict[str, Any]:
     """Render report.json, report.md and index.html from the round's test-split evaluation,
     training metrics, pair statistics and promotion decision."""
@@ -505,6 +556,11 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     from codeq.report import render_report
 
     decision = PromotionDecision.model_validate_json(found["promote/decision.json"].read_text())
+    curve = learning_curve(
+        ctx,
+        found.get("eval/incumbent/test/results.json"),
+        found.get("eval/candidate/test/results.json") if decision.promote else None,
+    )
     out_dir = ctx.workdir("report")
     log("report: rendering report.json, report.md and index.html")
     index = render_report(
@@ -514,6 +570,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
         train_metrics=found.get("adapter/metrics.json"),
         pair_stats=found.get("pairs/stats.json"),
         decision=decision,
+        learning_curve=curve,
         title=f"CodeQ run {ctx.layout.run}, round {ctx.layout.round}",
     )
     write_json(out_dir / "decision.json", decision.model_dump(mode="json"))

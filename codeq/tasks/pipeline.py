@@ -312,7 +312,20 @@ def split_by_slug(
     train = [task for task in tasks if task.slug not in test_slugs | validation_slugs]
     validation = [task for task in tasks if task.slug in validation_slugs]
     test = [task for task in tasks if task.slug in test_slugs]
+    for split in (train, validation, test):  # so the first N of a split are a random sample
+        random.Random(seed).shuffle(split)
     return train, validation, test
+
+
+def round_sample(tasks: Sequence[Task], size: int, seed: int, round_number: int) -> list[Task]:
+    """Round r's `size` training tasks: consecutive slices of one seeded shuffle, so rounds
+    search different tasks until the split is used up (then it wraps around)."""
+    if size >= len(tasks):
+        return list(tasks)
+    order = list(tasks)
+    random.Random(seed).shuffle(order)
+    start = (round_number * size) % len(order)
+    return [order[(start + i) % len(order)] for i in range(size)]
 
 
 def _held_out_count(fraction: float, available: int, reserve: int) -> int:
@@ -421,4 +434,4 @@ def _execute(
     return tasks, sandbox.backend
 
 
-__all__ = ["SPLITS", "draft_tests", "prepare", "split_by_slug"]
+__all__ = ["SPLITS", "draft_tests", "prepare", "round_sample", "split_by_slug"]
