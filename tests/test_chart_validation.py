@@ -255,6 +255,26 @@ def test_stage_steps_judge_every_job_state_as_argo_would(state):
         assert start_message == message
 
 
+FAILED_STATES = [state for state, expected in EXPECTED.items() if expected[1] == "failed"]
+
+
+@pytest.mark.parametrize("state", FAILED_STATES)
+def test_every_step_waiting_on_a_job_fails_fast_whatever_the_failures_position(state):
+    """Each resource template watching a stage Job fails as soon as the Job has failed, with a
+    message naming the reason, wherever the condition sits in status.conditions."""
+    job = {"kind": "Job", "status": JOB_STATES[state]}
+    watching = [
+        (name, t["resource"])
+        for name, t in templates("default").items()
+        if "failureCondition" in t.get("resource", {})
+    ]
+    assert len(watching) >= len(STAGES)
+    for name, resource in watching:
+        outcome, message = judge("", resource["failureCondition"], job)
+        assert outcome == "failed", f"{name} keeps waiting on a failed Job ({state})"
+        assert EXPECTED[state][2] in message, (name, message)
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_conditions_parse_as_kubernetes_label_selectors(scenario):
     for name, template in templates(scenario).items():

@@ -110,12 +110,16 @@ def substitute(text: str, table: dict[str, str]) -> str:
 
 
 def raw_manifests(scenario: str, extra: str = "") -> dict[str, str]:
-    """{stage: the Job manifest of its `<stage>-start` template, Argo expressions unresolved}."""
+    """{stage: the Job manifest a resource template creates, Argo expressions unresolved}; every
+    stage must have one (keyed by the manifest's codeq.io/stage label)."""
     found = {}
-    for name, template in templates(scenario, extra).items():
+    for template in templates(scenario, extra).values():
         resource = template.get("resource")
-        if resource and resource["action"] == "apply":
-            found[name.removesuffix("-start")] = resource["manifest"]
+        if resource and resource["action"] in ("create", "apply"):
+            manifest = yaml.safe_load(resource["manifest"])
+            if manifest["kind"] == "Job":
+                found[manifest["metadata"]["labels"]["codeq.io/stage"]] = resource["manifest"]
+    assert sorted(found) == sorted(STAGES), f"stage Jobs found: {sorted(found)}"
     return found
 
 
@@ -300,8 +304,14 @@ def test_a_retried_step_adopts_its_job_instead_of_creating_a_second(scenario):
     """Fixed Job names (workflow + stage) and `apply`: the retry finds the Job it made."""
     by_name = templates(scenario)
     values = effective_values(scenario)
-    for stage in STAGES:
-        start = by_name[f"{stage}-start"]
+    creating = {
+        yaml.safe_load(t["resource"]["manifest"])["metadata"]["labels"]["codeq.io/stage"]: t
+        for t in by_name.values()
+        if t.get("resource", {}).get("action") in ("create", "apply")
+        and yaml.safe_load(t["resource"]["manifest"])["kind"] == "Job"
+    }
+    assert sorted(creating) == sorted(STAGES)
+    for stage, start in creating.items():
         resource = start["resource"]
         assert resource["action"] == "apply"
         assert resource["setOwnerReference"] is True
@@ -310,6 +320,7 @@ def test_a_retried_step_adopts_its_job_instead_of_creating_a_second(scenario):
         assert "generateName" not in job["metadata"]
         assert "{{retries}}" not in resource["manifest"]
         assert "suspend" not in job["spec"], "Kueue owns spec.suspend; a re-apply must not flip it"
+        assert "retryStrategy" in start, f"{stage}: no retry of a lost executor"
         assert start["retryStrategy"]["retryPolicy"] == "OnError"
         assert start["retryStrategy"]["limit"] == str(values["workflow"]["stepRetries"])
     finish = by_name["finish"]
@@ -483,22 +494,27 @@ def test_kind_pods_carry_no_node_selector():
 def test_emptydir_sizes_are_per_stage_and_fit_the_stage_and_common_nodes(scenario):
     values = effective_values(scenario)
     for stage, job in stage_jobs(scenario).items():
-        conf = values["stages"][stage]
         pod = job["spec"]["template"]["spec"]
         volumes = {v["name"]: v["emptyDir"] for v in pod["volumes"] if "emptyDir" in v}
-        assert {name: volumes[name]["sizeLimit"] for name in ("scratch", "tmp")} == {
-            "scratch": conf["volumes"]["scratch"],
-            "tmp": conf["volumes"]["tmp"],
-        }
-        assert volumes["dshm"]["sizeLimit"] == conf["volumes"]["shm"]
         disk = sum(parse_quantity(v["sizeLimit"]) for v in volumes.values() if "medium" not in v)
         resources = pod["containers"][0]["resources"]
-        assert disk <= parse_quantity(resources["limits"]["ephemeral-storage"]), stage
+        limit = parse_quantity(resources["limits"]["ephemeral-storage"])
+        assert disk <= limit, (
+            f"{stage}: emptyDirs of {disk / 1024**3:.0f}Gi, limit {limit / 1024**3:.0f}Gi"
+        )
         shm = parse_quantity(volumes["dshm"]["sizeLimit"])
         assert shm < parse_quantity(resources["limits"]["memory"]), stage
         if scenario == "default":
             request = parse_quantity(resources["requests"]["ephemeral-storage"])
             assert request <= COMMON_NODE_EPHEMERAL_GI * 1024**3, stage
+            assert disk <= COMMON_NODE_EPHEMERAL_GI * 1024**3, stage
+        sizes = values["stages"][stage].get("volumes")
+        assert sizes, f"{stage}: sizes are per stage (stages.{stage}.volumes)"
+        assert {name: volumes[name]["sizeLimit"] for name in ("scratch", "tmp", "dshm")} == {
+            "scratch": sizes["scratch"],
+            "tmp": sizes["tmp"],
+            "dshm": sizes["shm"],
+        }
 
 
 def test_apparmor_is_only_set_where_asked_for():
