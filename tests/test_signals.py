@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.sandbox_attacks.helpers import descendants, still_running
 
@@ -27,6 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 TASKS_PREFIX = Path("runs/default/round-0/tasks")
 SIGTERM_EXIT = 128 + signal.SIGTERM
+# The stop must finish before the kubelet's SIGKILL: within the grace period the chart gives.
+GRACE_S = yaml.safe_load((REPO / "helm" / "codeq" / "values.yaml").read_text())["jobs"][
+    "terminationGracePeriodSeconds"
+]
 
 
 def pid_namespace_prefix() -> list[str]:
@@ -53,6 +58,8 @@ def stage_env(tmp_path: Path) -> dict[str, str]:
             "XDG_CACHE_HOME": str(tmp_path / "scratch" / "cache"),
             "TMPDIR": str(tmp_path / "tmp"),
             "PYTHONUNBUFFERED": "1",
+            # A stop that hangs is aborted with SIGABRT, which then prints every thread's stack.
+            "PYTHONFAULTHANDLER": "1",
         }
     )
     (tmp_path / "tmp").mkdir(exist_ok=True)
@@ -100,7 +107,16 @@ def test_sigterm_stops_a_running_stage_cleanly_and_a_rerun_finishes_it(tmp_path,
         workers = {p: c for p, c in descendants(python).items()}
         assert workers, "expected sandbox worker processes below the stage"
         os.kill(python, signal.SIGTERM)
-        code = proc.wait(timeout=30)
+        signalled = time.monotonic()
+        try:
+            code = proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.kill(python, signal.SIGABRT)
+            time.sleep(2)
+            pytest.fail(
+                f"no exit {GRACE_S}s after SIGTERM:\n{log.read_text(errors='replace')[-6000:]}"
+            )
+        stop_s = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -108,6 +124,7 @@ def test_sigterm_stops_a_running_stage_cleanly_and_a_rerun_finishes_it(tmp_path,
     assert code == SIGTERM_EXIT, f"exit {code}; the stage did not stop on SIGTERM:\n{text[-3000:]}"
     assert "job prepare terminated (SIGTERM)" in text
     assert "prepare: done" not in text
+    print(f"stopped {stop_s:.1f}s after SIGTERM")
 
     store = tmp_path / "store"
     assert not (store / TASKS_PREFIX / "_COMPLETE").exists(), "unfinished output marked complete"
