@@ -43,12 +43,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": ("codeq.commands.report", "Render the round report (JSON, Markdown, HTML)."),
     "round": ("codeq.commands.round", "Run a whole round locally: prepare -> ... -> report."),
+    "rounds": (
+        "codeq.commands.rounds",
+        "Run chained rounds locally until N rounds or no more promotions.",
+    ),
 }
 
 app = typer.Typer(
     name="codeq",
     help="CodeQ: self-improving code-debugging agent. Stages of a round, in order: "
-    + " -> ".join(name for name in COMMANDS if name not in {"config", "exec", "merge", "round"})
+    + " -> ".join(
+        name for name in COMMANDS if name not in {"config", "exec", "merge", "round", "rounds"}
+    )
     + ". `codeq round` runs them all locally.",
     no_args_is_help=True,
     add_completion=False,

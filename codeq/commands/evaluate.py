@@ -10,7 +10,7 @@ from codeq.commands.common import config_with
 
 def command(
     tasks: Path = typer.Argument(
-        ..., help="test.jsonl (or the tasks folder) from `codeq prepare`."
+        ..., help="test.jsonl or validation.jsonl (or the tasks folder: its test.jsonl)."
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Output folder (default work_dir/eval)."
@@ -27,6 +27,7 @@ def command(
 ) -> None:
     """Score every mode on the same held-out tasks with hidden tests; writes OUT/results.json."""
     from codeq.evaluate import evaluate
+    from codeq.evaluate.results import Split
 
     config = config_with(
         {
@@ -39,9 +40,10 @@ def command(
         }
     )
     out_dir = out or Path(config.work_dir) / "eval"
-    results = evaluate(tasks, out_dir, config, adapter=adapter)
+    split: Split = "validation" if tasks.name.startswith("validation") else "test"
+    results = evaluate(tasks, out_dir, config, split=split, adapter=adapter)
     summary = {
-        mode: {key: stats[key] for key in ("n", "solved", "solve_rate", "ci_low", "ci_high")}
-        for mode, stats in results["modes"].items()
+        mode: stats.model_dump(include={"n", "solved", "solve_rate", "ci_low", "ci_high"})
+        for mode, stats in results.modes.items()
     }
     typer.echo(json.dumps({"out": str(out_dir / "results.json"), "modes": summary}))

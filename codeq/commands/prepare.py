@@ -17,7 +17,9 @@ def command(
         help="DebugBench clone (or its benchmark/ folder), a Hugging Face dataset id, or "
         "'builtin'; default tasks.source.",
     ),
-    out: Path = typer.Option(..., "--out", help="Folder for train.jsonl, test.jsonl, report.json."),
+    out: Path = typer.Option(
+        ..., "--out", help="Folder for train.jsonl, validation.jsonl, test.jsonl, report.json."
+    ),
     seed: int | None = typer.Option(None, "--seed", help="Split and synthesis seed (tasks.seed)."),
     test_fraction: float | None = typer.Option(
         None, "--test-fraction", help="Fraction of problem slugs held out (tasks.test_fraction)."
@@ -27,6 +29,7 @@ def command(
     ),
 ) -> None:
     from codeq.tasks import prepare
+    from codeq.tasks.pipeline import SPLITS
 
     config = config_with(
         {
@@ -43,10 +46,9 @@ def command(
         key: report[key]
         for key in ("items_read", "unique", "usable", "usable_fraction", "dropped_by_reason")
     }
-    summary["train_tasks"] = report["train"]["tasks"]
-    summary["test_tasks"] = report["test"]["tasks"]
+    for split in SPLITS:
+        summary[f"{split}_tasks"] = report[split]["tasks"]
     summary["seconds"] = report["seconds"]
     typer.echo(json.dumps(summary))
-    typer.echo(
-        f"wrote {out / 'train.jsonl'}, {out / 'test.jsonl'}, {out / 'report.json'}", err=True
-    )
+    written = [str(out / f"{split}.jsonl") for split in SPLITS] + [str(out / "report.json")]
+    typer.echo(f"wrote {', '.join(written)}", err=True)

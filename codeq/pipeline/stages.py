@@ -17,11 +17,13 @@ from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import BadInputError, CorruptInputError, MissingInputError, StoreError
-from codeq.schemas import Trajectory, read_jsonl, write_json, write_jsonl
+from codeq.evaluate.results import EvalResults, Split
+from codeq.pipeline.policies import current_policy, load_policy, policy_config, set_current
+from codeq.pipeline.round_state import require_previous_finished
+from codeq.schemas import Lineage, Trajectory, read_jsonl, write_json, write_jsonl
 from codeq.store import MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
 
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
-CURRENT_INFO = "CURRENT.json"
 
 
 @dataclass
@@ -31,7 +33,9 @@ class StageContext:
     config: CodeQConfig
     store: ArtifactStore
     scratch: Path
-    engines: dict[str, Any] = field(default_factory=dict)  # shared policy engines (local round)
+    engines: dict[str, Any] = field(default_factory=dict)  # lineage id -> loaded engine, shared
+    # by the stages of a local round ("collect" may name a stand-in policy for collect in tests)
+    lineages: dict[str, Lineage] = field(default_factory=dict)  # the base's, fingerprinted once
 
     @property
     def layout(self) -> RoundLayout:
@@ -63,17 +67,19 @@ def _finish(ctx: StageContext, prefix: str, stage: str, info: dict[str, Any]) ->
 
 def prepare_stage(ctx: StageContext, source: str | None = None) -> dict[str, Any]:
     from codeq.tasks import prepare
+    from codeq.tasks.pipeline import SPLITS
 
     prefix = ctx.layout.stage("tasks")
     done = _already_done(ctx, prefix, "prepare")
     if done:
         return done
+    require_previous_finished(ctx.store, ctx.layout)
     source = source or ctx.config.tasks.source
     out_dir = ctx.workdir("tasks")
     log(f"prepare: building tasks from {source}")
     report = prepare(source, out_dir, ctx.config)
     ctx.store.put_dir(prefix, out_dir)
-    counts = {name: _count_lines(out_dir / f"{name}.jsonl") for name in ("train", "test")}
+    counts = {name: _count_lines(out_dir / f"{name}.jsonl") for name in SPLITS}
     return _finish(ctx, prefix, "prepare", {"source": source, "tasks": counts, "report": report})
 
 
@@ -122,6 +128,9 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
     )
     from codeq.search import collect
 
+    policy = current_policy(ctx)
+    log(f"collect shard {shard_index}: searching with {policy.describe()}")
+    engine = ctx.engines.get("collect") or load_policy(ctx, policy)
     uploader = TrajectoryUploader(ctx.store, ctx.layout, shard_index, out_path)
     uploader.start()
     try:
@@ -131,7 +140,8 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
             ctx.config,
             shard_index=shard_index,
             shard_count=shard_count,
-            engine=ctx.engines.get("collect", ctx.engines.get("base")),
+            engine=engine,
+            lineage=policy,
         )
     finally:
         uploader.stop()
@@ -146,6 +156,7 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
         "shard_count": shard_count,
         "trajectories": len(trajectories),
         "solved": sum(t.solved for t in trajectories),
+        "policy": policy.id,
     }
     return _finish(ctx, prefix, f"collect shard {shard_index}", info)
 
@@ -286,8 +297,9 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
-    """Train the round's adapter. With zero pairs there is nothing to learn from: the marker
-    records `trained: false` and later stages keep the current policy."""
+    """Train the round's adapter on the policy that wrote the pairs (a fresh LoRA on the merged
+    promoted policy, which is thus DPO's reference). With zero pairs there is nothing to learn
+    from: the marker records `trained: false` and later stages keep the current policy."""
     prefix = ctx.layout.stage("adapter")
     done = _already_done(ctx, prefix, "train")
     if done:
@@ -302,9 +314,10 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         return _finish(ctx, prefix, "train", {"trained": False, "reason": "no preference pairs"})
     from codeq.train import train_dpo
 
+    trained_on = _pairs_policy(ctx, pairs_dir)
     out_dir = ctx.workdir("train")
-    log(f"train: DPO with LoRA on {n_pairs} pairs")
-    metrics = train_dpo(pairs_dir / "pairs.jsonl", out_dir, ctx.config)
+    log(f"train: DPO with LoRA on {n_pairs} pairs, on (and against) {trained_on.describe()}")
+    metrics = train_dpo(pairs_dir / "pairs.jsonl", out_dir, policy_config(ctx, trained_on))
     adapter_dir = out_dir / "adapter"
     write_json(adapter_dir / "metrics.json", metrics)
     log(f"train: uploading the adapter to {ctx.store.describe(prefix)}")
@@ -312,250 +325,163 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     summary = {
         "trained": True,
         "pairs": n_pairs,
+        "trained_on": trained_on.id,
         "global_steps": metrics.get("global_steps"),
         "train_loss": metrics.get("train_loss"),
     }
     return _finish(ctx, prefix, "train", summary)
 
 
-def download_adapter(ctx: StageContext, prefix: str, name: str) -> Path | None:
-    """The adapter folder at `prefix` (None when that round trained none)."""
+def _pairs_policy(ctx: StageContext, pairs_dir: Path) -> Lineage:
+    """The policy that wrote the round's pairs (recorded by the pairs stage)."""
+    stats = json.loads((pairs_dir / "stats.json").read_text())
+    recorded = stats.get("policy")
+    if recorded is None:
+        raise CorruptInputError(
+            f"{ctx.store.describe(ctx.layout.stage('pairs'))} records no policy",
+            hint="rerun collect and pairs for this round",
+        )
+    return Lineage.model_validate(recorded)
+
+
+def download_adapter(ctx: StageContext, name: str) -> Path | None:
+    """This round's adapter folder (None when the round trained none)."""
+    prefix = ctx.layout.stage("adapter")
     ctx.store.require_complete(prefix, f"the adapter ({ctx.store.describe(prefix)})")
     if not ctx.store.marker(prefix).get("trained", True):
         return None
     target = ctx.workdir(name)
     ctx.store.get_dir(prefix, target)
-    _require_adapter_config(ctx, prefix, target, hint="rerun the train stage of that round")
-    return target
-
-
-def download_current(ctx: StageContext, name: str) -> Path:
-    """The promoted adapter in runs/<run>/current (checked against its manifest)."""
-    target = ctx.workdir(name)
-    ctx.store.get_dir(ctx.layout.current, target)
-    _require_adapter_config(
-        ctx,
-        ctx.layout.current,
-        target,
-        hint="promote a round again (`codeq promote` or the promote job)",
-    )
-    return target
-
-
-def _require_adapter_config(ctx: StageContext, prefix: str, folder: Path, hint: str) -> None:
-    if not (folder / "adapter_config.json").is_file():
+    if not (target / "adapter_config.json").is_file():
         raise MissingInputError(
-            f"{ctx.store.describe(prefix)} holds no adapter_config.json", hint=hint
+            f"{ctx.store.describe(prefix)} holds no adapter_config.json",
+            hint="rerun the train stage of this round",
         )
+    return target
+
+
+def candidate_policy(ctx: StageContext, adapter_dir: Path) -> Lineage:
+    """The policy this round's adapter makes: the policy it was trained on, with it merged.
+    Refused unless it was trained on the run's current policy (the incumbent)."""
+    from codeq.train.dpo import read_provenance
+    from codeq.train.lineage import link_of
+
+    trained_on = read_provenance(adapter_dir)
+    incumbent = current_policy(ctx)
+    if trained_on != incumbent:
+        raise CorruptInputError(
+            f"round {ctx.layout.round}'s adapter was trained on "
+            f"{trained_on.describe() if trained_on else 'an unknown policy'}, but the run's "
+            f"current policy is {incumbent.describe()}",
+            hint="rerun this round from collect (or start a new run)",
+        )
+    link = link_of(adapter_dir, ctx.layout.round, ctx.layout.stage("adapter"))
+    return incumbent.extended(link)
 
 
 # ------------------------------------------------------------------------------ evaluate
 
-
-def current_policy(ctx: StageContext) -> dict[str, Any] | None:
-    """The promoted adapter's CURRENT.json, or None while the base model is the policy."""
-    key = join_key(ctx.layout.current, CURRENT_INFO)
-    if not ctx.store.exists(key):
-        return None
-    info = ctx.store.get_json(key)
-    return info if isinstance(info, dict) else None
-
-
-def _evaluate(
-    ctx: StageContext, tasks_path: Path, out_dir: Path, adapter: Path | None
-) -> dict[str, Any]:
-    from codeq.evaluate import evaluate
-
-    engine = ctx.engines.get("base") if adapter is None else None
-    result: dict[str, Any] = evaluate(
-        tasks_path, out_dir, ctx.config, adapter=str(adapter) if adapter else None, engine=engine
-    )
-    return result
+EVAL_ROLES = ("candidate", "incumbent")
 
 
 def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
-    """Evaluate the round's adapter (eval/results.json) and the incumbent policy on the same
-    test tasks (eval/baseline/results.json). The incumbent is the promoted adapter
-    (runs/<run>/current) or, before any promotion, the base model. Its results are reused from
-    the round that promoted it when that evaluation covered the same task ids and mode."""
+    """Evaluate the round's candidate (the incumbent with the new adapter merged) and the
+    incumbent (the run's current policy, evaluated again every round) on the same tasks: the
+    validation split in promotion.modes (promotion decides there) and the test split in
+    evaluate.modes (reported only). Writes eval/<role>/<split>/results.json."""
     prefix = ctx.layout.stage("eval")
     done = _already_done(ctx, prefix, "evaluate")
     if done:
         return done
     tasks_dir = _download_tasks(ctx)
-    adapter = download_adapter(ctx, ctx.layout.stage("adapter"), "eval-adapter")
-    tasks_path = tasks_dir / "test.jsonl"
-    out_dir = ctx.workdir("eval")
-    candidate: dict[str, Any] | None = None
+    adapter = download_adapter(ctx, "eval-adapter")
+    policies = {"incumbent": current_policy(ctx)}
     if adapter is not None:
-        log("evaluate: the new adapter on the test tasks")
-        _evaluate(ctx, tasks_path, out_dir, adapter)
-        candidate = _read_results(out_dir / "results.json")
+        policies = {"candidate": candidate_policy(ctx, adapter), **policies}
     else:
         log("evaluate: no adapter was trained this round; evaluating the incumbent only")
-    baseline_dir = out_dir / "baseline"
-    incumbent = current_policy(ctx)
-    reused = _reuse_incumbent_results(ctx, incumbent, candidate, baseline_dir)
-    if not reused:
-        incumbent_adapter = None
-        if incumbent is not None:
-            incumbent_adapter = download_current(ctx, "eval-incumbent")
-        label = f"the promoted adapter of round {incumbent['round']}" if incumbent else "base"
-        log(f"evaluate: the incumbent policy ({label}) on the same tasks")
-        _evaluate(ctx, tasks_path, baseline_dir, incumbent_adapter)
-    summary = {
-        "candidate": _headline(out_dir / "results.json") if candidate is not None else None,
-        "baseline": _headline(baseline_dir / "results.json"),
-        "baseline_policy": (
-            {"kind": "adapter", "round": incumbent["round"]} if incumbent else {"kind": "base"}
-        ),
-        "baseline_reused": reused,
-    }
+    has_validation = _count_lines(tasks_dir / "validation.jsonl") > 0
+    out_dir = ctx.workdir("eval")
+    summary: dict[str, Any] = {}
+    for role, policy in policies.items():
+        splits: list[Split] = ["test"]
+        if adapter is not None and has_validation:
+            splits = ["validation", "test"]
+        for split in splits:
+            log(f"evaluate: the {role} ({policy.describe()}) on the {split} tasks")
+            results = _evaluate(ctx, policy, tasks_dir, split, out_dir / role / split)
+            summary[f"{role}/{split}"] = {
+                "mode": results.primary_mode,
+                "solved": results.primary().solved,
+                "tasks": results.primary().n,
+            }
+        summary[role] = policy.model_dump(mode="json")
     write_json(out_dir / "summary.json", summary)
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "evaluate", summary)
+    return _finish(ctx, prefix, "evaluate", {"policies": list(policies), **summary})
 
 
-def _headline(results_path: Path) -> dict[str, Any]:
-    results = json.loads(results_path.read_text())
-    mode = results["primary_mode"]
-    primary = results["modes"][mode]
-    return {
-        "primary_mode": mode,
-        "solve_rate": primary.get("solve_rate"),
-        "solved": sum(bool(v) for v in primary.get("per_task", {}).values()),
-        "tasks": len(results.get("task_ids", [])),
-    }
+def _evaluate(
+    ctx: StageContext, policy: Lineage, tasks_dir: Path, split: Split, out_dir: Path
+) -> EvalResults:
+    from codeq.evaluate import evaluate
 
-
-def _reuse_incumbent_results(
-    ctx: StageContext,
-    incumbent: dict[str, Any] | None,
-    candidate: dict[str, Any] | None,
-    baseline_dir: Path,
-) -> bool:
-    if incumbent is None or candidate is None:
-        return False
-    old_eval = RoundLayout(ctx.layout.run, int(incumbent["round"])).stage("eval")
-    key = join_key(old_eval, "results.json")
-    if not ctx.store.is_complete(old_eval) or not ctx.store.exists(key):
-        return False
-    old = ctx.store.get_json(key)
-    if old.get("task_ids") != candidate.get("task_ids") or old.get("primary_mode") != candidate.get(
-        "primary_mode"
-    ):
-        return False
-    write_json(baseline_dir / "results.json", old)
-    log(f"evaluate: reusing round {incumbent['round']}'s results for the incumbent")
-    return True
+    config = ctx.config
+    if split == "validation":
+        promotion = config.promotion
+        config = config.model_copy(
+            update={
+                "evaluate": config.evaluate.model_copy(
+                    update={"modes": list(promotion.modes), "max_tasks": promotion.max_tasks}
+                )
+            }
+        )
+    return evaluate(
+        tasks_dir,
+        out_dir,
+        config,
+        split=split,
+        engine=load_policy(ctx, policy),
+        policy=policy,  # type: ignore[arg-type]
+    )
 
 
 # ------------------------------------------------------------------------------ promote
 
 
 def promote_stage(ctx: StageContext) -> dict[str, Any]:
-    """Copy the round's adapter to runs/<run>/current only if it solves more of the same test
-    tasks (primary mode, per task) than the incumbent; write promote/decision.json either way."""
+    """Make the candidate the run's current policy if the validation split says so (see
+    codeq.promotion); write promote/decision.json either way."""
+    from codeq.promotion import decide
+
     prefix = ctx.layout.stage("promote")
     done = _already_done(ctx, prefix, "promote")
     if done:
         return done
     eval_dir = _download_stage(ctx, "eval", "evaluation", "promote-in")
-    decision = decide_promotion(eval_dir)
-    decision["round"] = ctx.layout.round
-    if decision["promote"]:
-        adapter_prefix = ctx.layout.stage("adapter")
-        adapter_dir = download_adapter(ctx, adapter_prefix, "promote-adapter")
-        assert adapter_dir is not None  # decide_promotion only promotes a trained adapter
-        copy_to_current(ctx, adapter_dir)
-        decision["current"] = ctx.store.describe(ctx.layout.current)
-    log(
-        f"promote: {'PROMOTED' if decision['promote'] else 'kept the incumbent'}: "
-        f"{decision['reason']}"
-    )
+    candidate = _optional_results(eval_dir / "candidate" / "validation")
+    incumbent = _optional_results(eval_dir / "incumbent" / "validation")
+    decision = decide(ctx.layout.round, candidate, incumbent, ctx.config.promotion)
+    if decision.promote:
+        assert decision.candidate is not None
+        set_current(ctx, decision.candidate)
+    log(f"promote: {decision.reason}")
     out_dir = ctx.workdir("promote")
-    write_json(out_dir / "decision.json", decision)
+    write_json(out_dir / "decision.json", decision.model_dump(mode="json"))
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "promote", decision)
+    return _finish(ctx, prefix, "promote", {"promote": decision.promote, "reason": decision.reason})
 
 
-def decide_promotion(eval_dir: Path) -> dict[str, Any]:
-    candidate_path = eval_dir / "results.json"
-    baseline_path = eval_dir / "baseline" / "results.json"
-    if not baseline_path.is_file():
-        raise MissingInputError(f"{baseline_path} is missing", hint="rerun the evaluate stage")
-    baseline = _read_results(baseline_path)
-    if not candidate_path.is_file():
-        return {
-            "promote": False,
-            "reason": "no adapter was trained this round (no preference pairs)",
-        }
-    candidate = _read_results(candidate_path)
-    mode = candidate["primary_mode"]
-    if mode not in baseline["modes"]:
-        raise CorruptInputError(
-            f"the baseline evaluation has no {mode!r} mode", hint="rerun the evaluate stage"
-        )
-    new_per_task = candidate["modes"][mode]["per_task"]
-    old_per_task = baseline["modes"][mode]["per_task"]
-    if set(new_per_task) != set(old_per_task):
-        raise CorruptInputError(
-            "the new and the incumbent evaluations cover different task ids",
-            hint="rerun the evaluate stage so both use the same test tasks",
-        )
-    new_solved = sum(bool(v) for v in new_per_task.values())
-    old_solved = sum(bool(v) for v in old_per_task.values())
-    gained = sorted(t for t in new_per_task if new_per_task[t] and not old_per_task[t])
-    lost = sorted(t for t in new_per_task if old_per_task[t] and not new_per_task[t])
-    promote = new_solved > old_solved
-    verb = "beats" if promote else ("ties" if new_solved == old_solved else "trails")
-    reason = (
-        f"new adapter {verb} the incumbent on {mode}: {new_solved}/{len(new_per_task)} vs "
-        f"{old_solved}/{len(old_per_task)} test tasks solved"
-        + ("" if promote else "; promotion needs strictly more")
-    )
-    return {
-        "promote": promote,
-        "reason": reason,
-        "mode": mode,
-        "tasks": len(new_per_task),
-        "new_solved": new_solved,
-        "incumbent_solved": old_solved,
-        "gained": gained,
-        "lost": lost,
-    }
-
-
-def _read_results(path: Path) -> dict[str, Any]:
-    try:
-        results = json.loads(path.read_text())
-        mode = results["primary_mode"]
-        results["modes"][mode]["per_task"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptInputError(
-            f"{path} is not an evaluation result ({type(exc).__name__}: {exc})",
-            hint="rerun the evaluate stage",
-        ) from None
-    return dict(results)
-
-
-def copy_to_current(ctx: StageContext, adapter_dir: Path) -> None:
-    """Upload the adapter under runs/<run>/current; CURRENT.json (written after the manifest)
-    names the round, so a reader sees either the old or the new complete adapter's info."""
-    current = ctx.layout.current
-    ctx.store.put_dir(current, adapter_dir)
-    ctx.store.put_json(
-        join_key(current, CURRENT_INFO),
-        {"round": ctx.layout.round, "source": ctx.store.describe(ctx.layout.stage("adapter"))},
-    )
+def _optional_results(folder: Path) -> EvalResults | None:
+    return EvalResults.load(folder) if (folder / "results.json").is_file() else None
 
 
 # ------------------------------------------------------------------------------ report
 
 
 def report_stage(ctx: StageContext) -> dict[str, Any]:
-    """Render report.json, report.md and index.html from the round's evaluation, training
-    metrics, pair statistics and promotion decision."""
+    """Render report.json, report.md and index.html from the round's test-split evaluation,
+    training metrics, pair statistics and promotion decision."""
     prefix = ctx.layout.stage("report")
     done = _already_done(ctx, prefix, "report")
     if done:
@@ -564,7 +490,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     wanted = {
         "pairs": ["stats.json"],
         "adapter": ["metrics.json"],
-        "eval": ["results.json", "baseline/results.json"],
+        "eval": ["candidate/test/results.json", "incumbent/test/results.json"],
         "promote": ["decision.json"],
     }
     found: dict[str, Path] = {}
@@ -575,25 +501,24 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
             target = inputs / stage / name
             if ctx.store.get_verified_file(stage_prefix, name, target):
                 found[f"{stage}/{name}"] = target
+    from codeq.promotion import PromotionDecision
     from codeq.report import render_report
 
+    decision = PromotionDecision.model_validate_json(found["promote/decision.json"].read_text())
     out_dir = ctx.workdir("report")
     log("report: rendering report.json, report.md and index.html")
     index = render_report(
         out_dir,
-        results=found.get("eval/results.json"),
-        base_results=found.get("eval/baseline/results.json"),
+        results=found.get("eval/candidate/test/results.json"),
+        base_results=found.get("eval/incumbent/test/results.json"),
         train_metrics=found.get("adapter/metrics.json"),
         pair_stats=found.get("pairs/stats.json"),
+        decision=decision,
         title=f"CodeQ run {ctx.layout.run}, round {ctx.layout.round}",
     )
-    decision = json.loads(found["promote/decision.json"].read_text())
-    write_json(out_dir / "decision.json", decision)
+    write_json(out_dir / "decision.json", decision.model_dump(mode="json"))
     ctx.store.put_dir(prefix, out_dir)
-    info = {
-        "index": ctx.store.describe(join_key(prefix, index.name)),
-        "promoted": decision["promote"],
-    }
+    info = {"index": ctx.store.describe(join_key(prefix, index.name)), "promoted": decision.promote}
     return _finish(ctx, prefix, "report", info)
 
 

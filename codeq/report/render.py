@@ -193,6 +193,7 @@ def render_report(
     base_results: str | Path | dict[str, Any] | None = None,
     train_metrics: str | Path | dict[str, Any] | None = None,
     pair_stats: str | Path | dict[str, Any] | None = None,
+    decision: Any = None,
     title: str = "CodeQ round report",
 ) -> Path:
     """Write out_dir/report.json, report.md and index.html (plots embedded); return index.html.
@@ -216,6 +217,8 @@ def render_report(
             "nothing to report", hint="pass at least one of the eval, train or pairs outputs"
         )
     summary = build_summary(loaded["eval"], loaded["base"], loaded["train"], loaded["pairs"])
+    if decision is not None:  # a codeq.promotion.PromotionDecision
+        summary["promotion"] = decision.model_dump(mode="json")
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     write_json(out_path / "report.json", summary)
