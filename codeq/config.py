@@ -228,6 +228,10 @@ class TrainConfig(Section):
         10, ge=1, description="Evaluate held-out reward accuracy every N steps."
     )
     seed: int = Field(42, description="Training seed.")
+    report_to: Literal["none", "wandb", "mlflow"] = Field(
+        "none",
+        description="Experiment tracking through TRL's report_to (the client must be installed).",
+    )
 
 
 EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -19,6 +20,26 @@ SHARD_COUNT_ENV = "JOB_COMPLETION_COUNT"
 SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
 ROUND_ENV = "CODEQ_STORE__ROUND"
 NEXT_ROUND = "next"
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
+
+
+class StageTerminated(BaseException):
+    """Raised in the main thread when the job gets SIGTERM (preemption, node drain, the Job
+    suspended or deleted). A BaseException, so library code catching Exception cannot swallow
+    it: every `finally` and context manager on the way out runs (sandbox workers stopped, the
+    uploader thread joined, S3 multipart uploads aborted) and the stage's completion marker,
+    written last on success, is never written."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise StageTerminated(signum)
+
+
+def install_sigterm_handler() -> None:
+    """Turn SIGTERM into StageTerminated. Needed even when python is PID 1 of its container:
+    the kernel drops signals to a namespace's init that has no handler for them."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def shard_from_env() -> tuple[int, int]:
@@ -78,6 +99,12 @@ def run_stage(stage: str) -> int:
         status = "skipped (already complete)" if result.get("skipped") else "finished"
         log(f"job {stage} {status} in {time.perf_counter() - started:.1f}s")
         return EXIT_OK
+    except StageTerminated:
+        log(
+            f"job {stage} terminated (SIGTERM) after {time.perf_counter() - started:.1f}s; "
+            "its unfinished output is not marked complete and a rerun resumes it"
+        )
+        return EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - the one place errors become one line
         return report_error(exc)
     finally:
@@ -114,8 +141,11 @@ def _configure_logging() -> None:
 def main_round() -> None:
     """`python -m jobs.round`: print the round number (stdout) or fail with the exit code."""
     _configure_logging()
+    install_sigterm_handler()
     try:
         print(resolve_round(), flush=True)
+    except StageTerminated:
+        sys.exit(EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - reported like every job's error
         sys.exit(report_error(exc))
     sys.exit(EXIT_OK)
@@ -123,4 +153,5 @@ def main_round() -> None:
 
 def main(stage: str) -> None:
     _configure_logging()
+    install_sigterm_handler()
     sys.exit(run_stage(stage))

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig, TrainConfig
-from codeq.errors import BadInputError, TrainingDivergedError
+from codeq.errors import BadInputError, ConfigError, TrainingDivergedError
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Pair, read_jsonl, write_json
 from codeq.train.model import (
@@ -147,6 +148,16 @@ def _hold_out_by_slug(
     return train, held_out
 
 
+def require_tracking_client(report_to: str) -> None:
+    """train.report_to names a client that is not installed: a config error (exit 2), not a
+    crash inside the trainer after the model has loaded."""
+    if report_to != "none" and importlib.util.find_spec(report_to) is None:
+        raise ConfigError(
+            f"train.report_to={report_to!r} but the {report_to!r} package is not installed",
+            hint=f"use an image with `pip install {report_to}`, or set train.report_to=none",
+        )
+
+
 def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: bool) -> Any:
     import torch
     from trl import DPOConfig
@@ -170,7 +181,7 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         save_strategy="no",  # the best adapter is kept in memory by BestAdapterCallback
         logging_steps=1,
         logging_first_step=True,
-        report_to="none",
+        report_to=config.report_to,
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
@@ -435,6 +446,7 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
     """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json."""
     from peft import set_peft_model_state_dict
 
+    require_tracking_client(config.train.report_to)
     out_dir = Path(out_dir)
     pairs = _load_pairs(Path(pairs_path))
     policy = common_pair_policy(pairs)
