@@ -27,7 +27,7 @@ class StageTerminated(BaseException):
     """Raised in the main thread when the job gets SIGTERM (preemption, node drain, the Job
     suspended or deleted). A BaseException, so library code catching Exception cannot swallow
     it: every `finally` and context manager on the way out runs (sandbox workers stopped, the
-    uploader thread joined, S3 multipart uploads aborted) and the stage's completion marker,
+    S3 multipart uploads aborted) and the stage's completion marker,
     written last on success, is never written."""
 
 

@@ -9,14 +9,13 @@ compute in a local scratch folder, upload outputs with a manifest, and write its
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import BadInputError, CorruptInputError, MissingInputError, StoreError
+from codeq.errors import BadInputError, CorruptInputError, MissingInputError
 from codeq.evaluate.results import EvalResults, Rate, Split
 from codeq.pipeline.policies import current_policy, load_policy, policy_config, set_current
 from codeq.pipeline.round_state import require_previous_finished
@@ -122,9 +121,10 @@ def _download_tasks(ctx: StageContext) -> Path:
 
 
 def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1) -> dict[str, Any]:
-    """Search one shard of the train tasks. Each finished trajectory is uploaded at once as
-    `trajectories/shard-<i>/tasks/<task_id>.json`; a restarted pod downloads those first and
-    skips their tasks, so a kill at any point loses at most the task in flight."""
+    """Search one shard of the train tasks. The search hands each finished trajectory to the
+    stage, which uploads it at once as `trajectories/shard-<i>/tasks/<task_id>.json`; a
+    restarted pod downloads those first and skips their tasks, so a kill at any point loses at
+    most the tasks in flight."""
     if shard_count < 1 or not 0 <= shard_index < shard_count:
         raise BadInputError(
             f"shard index {shard_index} is outside 0..{shard_count - 1}",
@@ -147,21 +147,22 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
     policy = current_policy(ctx)
     log(f"collect shard {shard_index}: searching with {policy.describe()}")
     engine = ctx.engines.get("collect") or load_policy(ctx, policy)
-    uploader = TrajectoryUploader(ctx.store, ctx.layout, shard_index, out_path)
-    uploader.start()
-    try:
-        stats = collect(
-            tasks_dir / "train.jsonl",
-            out_path,
-            ctx.config,
-            shard_index=shard_index,
-            shard_count=shard_count,
-            engine=engine,
-            lineage=policy,
-        )
-    finally:
-        uploader.stop()
-    uploader.sync()  # raises StoreError if something could still not be uploaded
+
+    def upload(trajectory: Trajectory) -> None:
+        """Each finished trajectory becomes its own object at once (an idempotent overwrite)."""
+        key = ctx.layout.shard_task(shard_index, trajectory.task_id)
+        ctx.store.put_bytes(key, (trajectory.model_dump_json() + "\n").encode())
+
+    stats = collect(
+        tasks_dir / "train.jsonl",
+        out_path,
+        ctx.config,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        engine=engine,
+        lineage=policy,
+        on_trajectory=upload,
+    )
     trajectories = unique_trajectories(read_jsonl(out_path, Trajectory))
     final_dir = ctx.workdir(f"shard-{shard_index}-out")
     write_jsonl(final_dir / "trajectories.jsonl", trajectories)
@@ -198,62 +199,6 @@ def restore_shard_progress(ctx: StageContext, shard_index: int, out_path: Path) 
             log(f"collect: ignoring unreadable {ctx.store.describe(key)}; its task is redone")
     write_jsonl(out_path, unique_trajectories(restored))
     return len(restored)
-
-
-class TrajectoryUploader:
-    """Follows the append-only trajectories file and uploads each new complete line as its own
-    object (idempotent overwrite), while collect keeps searching."""
-
-    def __init__(
-        self, store: ArtifactStore, layout: RoundLayout, shard_index: int, path: Path
-    ) -> None:
-        self.store = store
-        self.layout = layout
-        self.shard_index = shard_index
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self.uploaded = 0
-        self.last_error: Exception | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="trajectory-uploader", daemon=True)
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                self.sync()
-            except StoreError as exc:  # retried on the next poll; sync() at the end re-raises
-                self.last_error = exc
-
-    def sync(self) -> None:
-        with self._lock:
-            if not self.path.exists():
-                return
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-            for line in data.splitlines(keepends=True):
-                if not line.endswith(b"\n"):
-                    break  # a line still being written
-                if line.strip():
-                    self._upload(line)
-                self.offset += len(line)
-
-    def _upload(self, line: bytes) -> None:
-        try:
-            task_id = json.loads(line)["task_id"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptInputError(f"{self.path}: unreadable trajectory line ({exc})") from None
-        key = self.layout.shard_task(self.shard_index, task_id)
-        self.store.put_bytes(key, line.rstrip(b"\n") + b"\n")
-        self.uploaded += 1
 
 
 # ------------------------------------------------------------------------------ pairs

@@ -16,7 +16,7 @@ from codeq.config import CodeQConfig
 from codeq.errors import BadInputError
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_jsonl
-from codeq.search.mcts import Policy, Scorer, run_search
+from codeq.search.mcts import Policy, Scorer, TrajectoryCallback, run_search
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def collect(
     shard_count: int = 1,
     engine: Policy | None = None,
     lineage: Lineage | None = None,
+    on_trajectory: TrajectoryCallback | None = None,
     mode: str | None = None,
     rollouts: int | None = None,
     max_tasks: int | None = None,
@@ -61,7 +62,7 @@ def collect(
 ) -> dict[str, Any]:
     """Search the shard's tasks not yet in `out_path`; append one trajectory per task, each
     recording `lineage` (the searching policy; the configured base model when `engine` is
-    loaded here from the config without an adapter).
+    loaded here from the config without an adapter), then hand it to `on_trajectory`.
 
     Rewards come from config.search.reward_tests ('all' on train tasks). Returns a summary."""
     out_path = Path(out_path)
@@ -82,7 +83,7 @@ def collect(
 
                 lineage = base_lineage(config.policy)
         trajectories = _search_and_append(
-            todo, out_path, config, engine, lineage, mode, rollouts, scorer, progress
+            todo, out_path, config, engine, lineage, on_trajectory, mode, rollouts, scorer, progress
         )
     stats = summarize(
         trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started, mode
@@ -97,6 +98,7 @@ def _search_and_append(
     config: CodeQConfig,
     engine: Policy,
     lineage: Lineage | None,
+    on_trajectory: TrajectoryCallback | None,
     mode: str | None,
     rollouts: int | None,
     scorer: Scorer | None,
@@ -108,6 +110,8 @@ def _search_and_append(
     def append(trajectory: Trajectory) -> None:
         trajectory.policy = lineage
         write_jsonl(out_path, [trajectory], append=True)
+        if on_trajectory is not None:
+            on_trajectory(trajectory)
         bar.update(1)
         bar.set_postfix(solved=trajectory.solved)
 
