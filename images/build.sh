@@ -41,7 +41,9 @@ if [ "$base" = auto ]; then
   fi
 fi
 if [ "$base" = local ]; then
+  started=$SECONDS
   base="$(images/build-local-base.sh)"
+  echo "base $base ready in $((SECONDS - started)) s" >&2
 fi
 
 # Wheels already here whose hash the lock pins (anything else would fail --require-hashes).

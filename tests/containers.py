@@ -30,6 +30,17 @@ SECCOMP_DIR = REPO / "images" / "seccomp"
 SANDBOX_SECCOMP = SECCOMP_DIR / "codeq-sandbox.json"
 CACHE = REPO / ".cache"
 IMAGES = ("infer", "train")
+# What a submitted workflow substitutes for Argo's expressions in the Job manifests.
+ARGO_SAMPLE = {
+    "workflow.name": "codeq-round-x7k2p",
+    "workflow.namespace": "codeq",
+    "workflow.uid": "00000000-0000-0000-0000-000000000000",
+    "workflow.parameters.round": "0",
+    "workflow.parameters.run": "default",
+    "workflow.status": "Failed",
+}
+# The sandbox stages' seccomp profile as the chart names a Localhost profile.
+SANDBOX_PROFILE = {"type": "Localhost", "localhostProfile": SANDBOX_SECCOMP.name}
 
 
 class SpecError(Exception):
@@ -448,6 +459,39 @@ def materialize_sources(
     return sources
 
 
+# ------------------------------------------------------------------ the sandbox stage's pod
+
+
+def sandbox_stage(scenario: str = "kind") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rendered objects, pod spec of the collect Job) with the sandbox seccomp profile set as
+    the chart's Localhost profile: the container every sandbox test runs in."""
+    values = scenario_values(scenario)
+    values.setdefault("sandbox", {})["seccompProfile"] = SANDBOX_PROFILE
+    objects = render_chart(values)
+    jobs = stage_jobs(objects, ARGO_SAMPLE)
+    (collect,) = [job for name, job in jobs.items() if "collect" in name]
+    return objects, collect["spec"]["template"]["spec"]
+
+
+def in_sandbox_container(
+    command: Sequence[str], image: str, workdir: Path, scenario: str = "kind"
+) -> list[str]:
+    """`docker run` arguments that run `command` (through tini) in `image` as the chart runs the
+    collect stage's container, with this checkout's tests/ and bench/ and a pytest mounted
+    read-only at /opt/codeq/{tests,bench} and /opt/pytest (the image has neither)."""
+    objects, pod = sandbox_stage(scenario)
+    options = RunOptions(
+        sources=materialize_sources(objects, pod, workdir),
+        mounts={
+            "/opt/codeq/tests": str(REPO / "tests"),
+            "/opt/codeq/bench": str(REPO / "bench"),
+            "/opt/pytest": str(pytest_for_containers()),
+        },
+        env={"PYTHONPATH": "/opt/codeq:/opt/pytest"},
+    )
+    return run_args(pod, None, options, ["/usr/bin/tini", "--", *command], image)
+
+
 # -------------------------------------------------------------------------------------- CLI
 
 
@@ -457,7 +501,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     daemon = sub.add_parser("daemon", help="start or stop a dockerd for this run")
     daemon.add_argument("action", choices=["start", "stop"])
     daemon.add_argument("--state", type=Path, default=CACHE / "dockerd")
+    sandbox = sub.add_parser(
+        "sandbox-container", help="run a command in the infer image as the chart's sandbox stage"
+    )
+    sandbox.add_argument("--image", default="codeq-infer:cpu")
+    sandbox.add_argument("command", nargs="+")
     args = parser.parse_args(argv)
+    if args.what == "sandbox-container":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as workdir:
+            run = in_sandbox_container(args.command, args.image, Path(workdir))
+            client = docker_client() or "docker"
+            print(" ".join([client, "run", *run]), flush=True)
+            return subprocess.run([client, "run", *run]).returncode
     handle = Daemon(args.state)
     if args.action == "start":
         started = handle.start()

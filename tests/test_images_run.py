@@ -27,16 +27,8 @@ from tests.test_images import LOCKS, locked
 
 pytestmark = pytest.mark.slow
 
-ARGO = {
-    "workflow.name": "codeq-round-x7k2p",
-    "workflow.namespace": "codeq",
-    "workflow.uid": "00000000-0000-0000-0000-000000000000",
-    "workflow.parameters.round": "0",
-    "workflow.parameters.run": "default",
-    "workflow.status": "Failed",
-}
 SANDBOX_TESTS = ("tests/test_sandbox.py", "tests/test_sandbox_attacks.py")
-SANDBOX_PROFILE = {"type": "Localhost", "localhostProfile": containers.SANDBOX_SECCOMP.name}
+SANDBOX_PROFILE = containers.SANDBOX_PROFILE
 
 
 @pytest.fixture(scope="module")
@@ -57,31 +49,30 @@ def images(engine) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def chart() -> tuple[list[dict[str, Any]], dict[str, dict]]:
-    values = containers.scenario_values("kind")
-    values.setdefault("sandbox", {})["seccompProfile"] = SANDBOX_PROFILE
-    objects = containers.render_chart(values)
-    return objects, containers.stage_jobs(objects, ARGO)
+def chart_and_pod() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    objects, pod = containers.sandbox_stage()
+    assert pod["containers"][0]["securityContext"]["seccompProfile"] == SANDBOX_PROFILE
+    return objects, pod
 
 
 @pytest.fixture(scope="module")
-def sandbox_pod(chart) -> dict[str, Any]:
+def chart(chart_and_pod) -> list[dict[str, Any]]:
+    return chart_and_pod[0]
+
+
+@pytest.fixture(scope="module")
+def sandbox_pod(chart_and_pod) -> dict[str, Any]:
     """The pod spec of the rendered collect Job (a sandbox stage)."""
-    _, jobs = chart
-    (collect,) = [job for name, job in jobs.items() if "collect" in name]
-    pod = collect["spec"]["template"]["spec"]
-    assert pod["containers"][0]["securityContext"]["seccompProfile"] == SANDBOX_PROFILE
-    return pod
+    return chart_and_pod[1]
 
 
-def options(chart, pod, tmp_path: Path, **extra: Any) -> containers.RunOptions:
-    objects, _ = chart
-    return containers.RunOptions(
-        sources=containers.materialize_sources(objects, pod, tmp_path), **extra
-    )
+def options(chart, pod, tmp_path: Path) -> containers.RunOptions:
+    return containers.RunOptions(sources=containers.materialize_sources(chart, pod, tmp_path))
 
 
 def run(args: list[str], timeout: float = 300) -> tuple[int, str]:
+    if "--rm" not in args:
+        args = ["--rm", *args]
     result = containers.docker("run", *args, timeout=timeout, check=False)
     return result.returncode, result.stdout + result.stderr
 
@@ -159,14 +150,7 @@ def test_runsc_runs_nested_with_the_profile_and_not_with_the_runtime_default(
     assert code != 0 and "operation not permitted" in output, output
 
 
-def test_sandbox_and_attack_tests_pass_inside_the_infer_image(images, chart, sandbox_pod, tmp_path):
-    extra = {
-        "mounts": {
-            "/opt/codeq/tests": str(containers.REPO / "tests"),
-            "/opt/pytest": str(containers.pytest_for_containers()),
-        },
-        "env": {"PYTHONPATH": "/opt/codeq:/opt/pytest"},
-    }
+def test_sandbox_and_attack_tests_pass_inside_the_infer_image(images, tmp_path):
     pytest_argv = [
         "python",
         "-m",
@@ -180,13 +164,7 @@ def test_sandbox_and_attack_tests_pass_inside_the_infer_image(images, chart, san
         "-v",
         *(f"/opt/codeq/{path}" for path in SANDBOX_TESTS),
     ]
-    args = containers.run_args(
-        sandbox_pod,
-        None,
-        options(chart, sandbox_pod, tmp_path, **extra),
-        command=["/usr/bin/tini", "--", *pytest_argv],
-        image=images["infer"],
-    )
+    args = containers.in_sandbox_container(pytest_argv, images["infer"], tmp_path)
     started = time.monotonic()
     code, output = run(args, timeout=900)
     summary = output.strip().splitlines()[-1]
