@@ -38,6 +38,7 @@ ARGO_SAMPLE = {
     "workflow.parameters.round": "0",
     "workflow.parameters.run": "default",
     "workflow.status": "Failed",
+    "inputs.parameters.round": "0",
 }
 # The sandbox stages' seccomp profile as the chart names a Localhost profile.
 SANDBOX_PROFILE = {"type": "Localhost", "localhostProfile": SANDBOX_SECCOMP.name}
@@ -231,7 +232,8 @@ def substitute(text: str, table: Mapping[str, str]) -> str:
 
 
 def stage_jobs(objects: Sequence[dict[str, Any]], table: Mapping[str, str]) -> dict[str, dict]:
-    """{template name: Job} of the WorkflowTemplate's resource templates that create a Job."""
+    """{template name: Job} of the WorkflowTemplate's resource templates that create or apply
+    a Job."""
     import yaml
 
     jobs: dict[str, dict] = {}
@@ -240,7 +242,7 @@ def stage_jobs(objects: Sequence[dict[str, Any]], table: Mapping[str, str]) -> d
             continue
         for template in obj["spec"]["templates"]:
             resource = template.get("resource") or {}
-            if resource.get("action") != "create":
+            if resource.get("action") not in ("create", "apply"):
                 continue
             manifest = yaml.safe_load(substitute(resource["manifest"], table))
             if manifest.get("kind") == "Job":
