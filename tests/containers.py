@@ -82,11 +82,12 @@ def engine_problem() -> str | None:
     if docker_client() is None:
         return "no docker client (apt-get install docker.io)"
     try:
-        info = docker("info", "--format", "{{.ServerVersion}}", timeout=30, check=False)
+        info = docker("info", timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"docker info failed: {error}"
     if info.returncode != 0:
-        return f"no Docker daemon reachable: {info.stderr.strip()[-300:]}"
+        said = [line for line in (info.stdout + info.stderr).splitlines() if "Cannot" in line]
+        return f"no Docker daemon reachable ({(said or ['docker info failed'])[0].strip()})"
     return None
 
 
