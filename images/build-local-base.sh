@@ -2,7 +2,9 @@
 # Make a stand-in for the images' base (python:3.11-slim-bookworm) without any container
 # registry: debootstrap a minimal Debian bookworm with Debian's python3.11, give it the layout the
 # Dockerfiles expect (`python` on PATH, pip allowed to install into /usr/local), and
-# `docker import` it. Prints the tag to pass as `--build-arg BASE_IMAGE=<tag>`.
+# `docker import` it. Prints the tag to pass as `--build-arg BASE_IMAGE=<tag>`: the image's own
+# content-addressed tag, <BASE_TAG>-<first 12 hex digits of its image ID>. (A digest reference,
+# name@sha256:..., needs a registry; an imported image has none, so this tag stands in for it.)
 #
 #   images/build-local-base.sh            # reuse the tag if it exists
 #   FORCE=1 images/build-local-base.sh    # rebuild it
@@ -15,8 +17,16 @@ set -euo pipefail
 tag="${BASE_TAG:-codeq-local/python:3.11-slim-bookworm}"
 docker="${DOCKER:-docker}"
 
+pinned_tag() {
+  local id
+  id="$("$docker" image inspect -f '{{.Id}}' "$tag")"
+  id="${id#sha256:}"
+  "$docker" tag "$tag" "$tag-${id:0:12}"
+  echo "$tag-${id:0:12}"
+}
+
 if [ -z "${FORCE:-}" ] && "$docker" image inspect "$tag" >/dev/null 2>&1; then
-  echo "$tag"
+  pinned_tag
   exit 0
 fi
 
@@ -49,4 +59,4 @@ tar --numeric-owner -C "$rootfs" -c . | "$docker" import \
   --change 'ENV LANG=C.UTF-8' \
   --change 'CMD ["python3"]' \
   - "$tag" >&2
-echo "$tag"
+pinned_tag
