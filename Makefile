@@ -6,7 +6,8 @@ TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-python setup-system setup-tools demo test test-fast lint format bench clean
+.PHONY: setup setup-python setup-system setup-tools demo test test-fast lint format bench clean \
+	images images-base
 
 setup: setup-system setup-python setup-tools
 
@@ -28,6 +29,16 @@ setup-tools: $(CHECKOV)
 $(CHECKOV):
 	$(PYTHON) -m venv $(TOOLS)/checkov
 	$(TOOLS)/checkov/bin/pip install -q checkov
+
+# Both images with BuildKit (Docker daemon needed): CPU variants here, IMAGE_VARIANT=cuda for the
+# production ones. Without a reachable registry the base is the stand-in of images-base.
+IMAGE_VARIANT ?= cpu
+images:
+	VARIANT=$(IMAGE_VARIANT) images/build.sh
+
+# A stand-in for python:3.11-slim-bookworm made with debootstrap (no registry needed).
+images-base:
+	images/build-local-base.sh
 
 demo: setup
 	codeq round
