@@ -153,3 +153,17 @@ def test_evaluate_scores_one_final_program_per_task_on_all_tests(test_tasks, tmp
     assert saved["modes"]["mcts"]["ci_high"] == pytest.approx(high)
     assert set(saved["modes"]["mcts"]["by_level"]) == {t.level for t in tasks}
     assert (tmp_path / "trajectories-mcts.jsonl").is_file()
+
+
+def test_the_unchanged_buggy_program_is_never_counted_as_solved(test_tasks) -> None:
+    """Returned programs are scored on visible and hidden tests: a buggy program fails at least
+    one of them (prepare drops a task whose buggy program passes all), so returning it unchanged
+    never counts, even where it passes every hidden test."""
+    from codeq.evaluate.run import fully_passed
+    from codeq.sandbox import Sandbox
+
+    tasks = read_jsonl(test_tasks, Task)
+    config = load_config(overrides={"sandbox": {"backend": "subprocess", "workers": 2}})
+    with Sandbox(config.sandbox) as sandbox:
+        assert not any(fully_passed(tasks, [t.buggy_code for t in tasks], sandbox).values())
+        assert all(fully_passed(tasks, [t.oracle_code for t in tasks], sandbox).values())
