@@ -26,7 +26,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "codeq"
-SECCOMP_DIR = REPO / "images" / "seccomp"
+SECCOMP_DIR = CHART / "files" / "seccomp"
 SANDBOX_SECCOMP = SECCOMP_DIR / "codeq-sandbox.json"
 CACHE = REPO / ".cache"
 IMAGES = ("infer", "train")
