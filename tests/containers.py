@@ -40,8 +40,6 @@ ARGO_SAMPLE = {
     "workflow.status": "Failed",
     "inputs.parameters.round": "0",
 }
-# The sandbox stages' seccomp profile as the chart names a Localhost profile.
-SANDBOX_PROFILE = {"type": "Localhost", "localhostProfile": SANDBOX_SECCOMP.name}
 
 
 class SpecError(Exception):
@@ -559,14 +557,17 @@ def materialize_sources(
 
 
 def sandbox_stage(scenario: str = "kind") -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(rendered objects, pod spec of the collect Job) with the sandbox seccomp profile set as
-    the chart's Localhost profile: the container every sandbox test runs in."""
-    values = scenario_values(scenario)
-    values.setdefault("sandbox", {})["seccompProfile"] = SANDBOX_PROFILE
-    objects = render_chart(values)
+    """(rendered objects, pod spec of the collect Job) as the chart renders them by default: its
+    sandbox container names the chart's Localhost profile (files/seccomp/codeq-sandbox.json):
+    the container every sandbox test runs in."""
+    objects = render_chart(scenario_values(scenario))
     jobs = stage_jobs(objects, ARGO_SAMPLE)
     (collect,) = [job for name, job in jobs.items() if "collect" in name]
-    return objects, collect["spec"]["template"]["spec"]
+    pod = collect["spec"]["template"]["spec"]
+    seccomp = pod["containers"][0]["securityContext"].get("seccompProfile") or {}
+    if seccomp.get("type") != "Localhost":
+        raise SpecError(f"the collect container's seccompProfile is {seccomp}, not Localhost")
+    return objects, pod
 
 
 def in_sandbox_container(
