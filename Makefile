@@ -7,7 +7,7 @@ CHECKOV := $(TOOLS)/checkov/bin/checkov
 PYTEST_ARGS ?=
 
 .PHONY: setup setup-python setup-system setup-tools demo test test-fast lint format bench clean \
-	images images-base
+	images images-base twin
 
 setup: setup-system setup-python setup-tools
 
@@ -39,6 +39,11 @@ images:
 # A stand-in for python:3.11-slim-bookworm made with debootstrap (no registry needed).
 images-base:
 	images/build-local-base.sh
+
+# The container twin of the cluster: a whole round through the chart's rendered Job specs, each
+# pod run with Docker against a local S3 (moto); prints where the report is (images/README.md).
+twin: setup images
+	$(PYTHON) -m tests.twin --no-build
 
 demo: setup
 	codeq round

@@ -287,7 +287,9 @@ def test_sandbox_seccomp_profile_is_the_default_plus_what_runsc_needs():
     """One file for the chart and the tests: the runtime default resolved for a container without
     capabilities, plus exactly the syscalls rootless runsc needs (each one shown necessary in
     images/README.md), and none of the CAP_SYS_ADMIN family besides."""
-    profile = json.loads((REPO / "images" / "seccomp" / "codeq-sandbox.json").read_text())
+    profile = json.loads(
+        (REPO / "helm" / "codeq" / "files" / "seccomp" / "codeq-sandbox.json").read_text()
+    )
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
     assert {a["architecture"] for a in profile["archMap"]} == {
         "SCMP_ARCH_X86_64",
