@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import yaml
+
 from codeq.cli import COMMANDS, run
 
 STAGES = ["prepare", "collect", "pairs", "train", "merge", "evaluate", "promote", "report", "round"]
@@ -31,8 +33,11 @@ def test_bad_config_key_is_one_line_and_exit_2(tmp_path, capsys):
     bad.write_text("search:\n  rolouts: 4\n")
     assert run(["--config", str(bad), "config"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == "error: invalid config: search.rolouts: unknown key"
-    assert err[1].startswith("hint: ")
+    assert (
+        err[0] == f"error: invalid config: search.rolouts: unknown key in {bad}, line 2, column 3"
+    )
+    assert err[1].startswith("hint: did you mean rollouts?")
+    assert len(err) == 2
 
 
 def test_bad_config_value_from_env_is_exit_2(monkeypatch, capsys):
@@ -50,3 +55,44 @@ def test_config_prints_effective_yaml(monkeypatch, capsys):
 def test_unknown_command_is_usage_error(capsys):
     assert run(["no-such-stage"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_version(capsys):
+    from codeq import __version__
+
+    assert run(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"codeq {__version__}"
+
+
+def test_config_shows_a_preset_and_a_file_layered_on_it(tmp_path, capsys):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("search:\n  rollouts: 2\n")
+    for argv in (
+        ["-c", str(mine), "config", "--preset", "laptop"],
+        ["--preset", "laptop", "config", "-c", str(mine)],
+    ):
+        assert run(argv) == 0
+        config = yaml.safe_load(capsys.readouterr().out)
+        assert config["search"]["rollouts"] == 2 and config["policy"]["model"] == "smollm2"
+    assert run(["config", "--explain", "--preset", "laptop", "-c", str(mine)]) == 0
+    out = capsys.readouterr().out
+    assert f"  rollouts: 2  # file {mine}" in out and "  model: smollm2  # preset laptop" in out
+
+
+def test_misspelt_environment_section_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("CODEQ_SERCH__ROLLOUTS", "16")
+    assert run(["config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: unknown environment variable CODEQ_SERCH__ROLLOUTS",
+        err[1],
+    ] and err[1].startswith("hint: did you mean CODEQ_SEARCH__ROLLOUTS?")
+
+
+def test_yaml_syntax_error_names_line_and_column(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("search:\n  rollouts: 3\n   mode: bon\n")
+    assert run(["-c", str(bad), "config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"error: config file {bad} is not valid YAML at line 3, column ")
+    assert err[1].startswith("hint: ") and len(err) == 2

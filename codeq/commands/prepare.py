@@ -1,4 +1,4 @@
-"""`codeq prepare --source DIR_OR_HF_ID --out DIR [--seed N] [--test-fraction F]`."""
+"""`codeq prepare [--source DIR_OR_HF_ID] [--out DIR] [--seed N] [--test-fraction F]`."""
 
 from __future__ import annotations
 
@@ -7,25 +7,36 @@ from pathlib import Path
 
 import typer
 
-from codeq.commands.common import config_with
+from codeq.commands.common import config_with, key_option, out_dir, out_option
 
 
 def command(
-    source: str | None = typer.Option(
-        None,
+    source: str | None = key_option(
+        "tasks.source",
         "--source",
         help="DebugBench clone (or its benchmark/ folder), a Hugging Face dataset id, or "
-        "'builtin'; default tasks.source.",
+        "'builtin' (tasks shipped with codeq).",
+        metavar="SOURCE",
     ),
-    out: Path = typer.Option(..., "--out", help="Folder for train.jsonl, test.jsonl, report.json."),
-    seed: int | None = typer.Option(None, "--seed", help="Split and synthesis seed (tasks.seed)."),
-    test_fraction: float | None = typer.Option(
-        None, "--test-fraction", help="Fraction of problem slugs held out (tasks.test_fraction)."
+    out: Path | None = out_option("tasks", "train.jsonl, test.jsonl and report.json"),
+    seed: int | None = key_option(
+        "tasks.seed", "--seed", help="Split and hidden-test synthesis seed.", metavar="N"
     ),
-    max_items: int | None = typer.Option(
-        None, "--max-items", help="Read at most this many items (tasks.max_items)."
+    test_fraction: float | None = key_option(
+        "tasks.test_fraction",
+        "--test-fraction",
+        help="Fraction of problem slugs held out for testing.",
+        metavar="F",
+    ),
+    max_items: int | None = key_option(
+        "tasks.max_items",
+        "--max-items",
+        help="Read at most N source items (quick runs).",
+        metavar="N",
+        min=1,
     ),
 ) -> None:
+    """Build executable tasks from DebugBench: dedup, hidden tests, split by problem."""
     from codeq.tasks import prepare
 
     config = config_with(
@@ -38,7 +49,8 @@ def command(
             }
         }
     )
-    report = prepare(config.tasks.source, out, config)
+    folder = out_dir(out, config, "tasks")
+    report = prepare(config.tasks.source, folder, config)
     summary = {
         key: report[key]
         for key in ("items_read", "unique", "usable", "usable_fraction", "dropped_by_reason")
@@ -48,5 +60,6 @@ def command(
     summary["seconds"] = report["seconds"]
     typer.echo(json.dumps(summary))
     typer.echo(
-        f"wrote {out / 'train.jsonl'}, {out / 'test.jsonl'}, {out / 'report.json'}", err=True
+        f"wrote {folder / 'train.jsonl'}, {folder / 'test.jsonl'}, {folder / 'report.json'}",
+        err=True,
     )

@@ -25,8 +25,9 @@ from typing import Any
 
 from codeq.config import CodeQConfig, TrainConfig
 from codeq.errors import BadInputError, TrainingDivergedError
+from codeq.policy.source import resolve_model_source
 from codeq.schemas import Pair, read_jsonl, write_json
-from codeq.train.model import load_causal_lm, load_tokenizer, resolve_model_source
+from codeq.train.model import load_causal_lm, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +348,7 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
     from datasets import Dataset
 
     train_config = config.train
-    source = resolve_model_source(config.policy)
+    source = resolve_model_source(config.policy.model, config.policy.cache_dir)
     tokenizer = load_tokenizer(source)
     train_examples, held_out, over_max_length = split_pairs(pairs, tokenizer, train_config)
     use_bf16 = _use_bf16(train_config)
