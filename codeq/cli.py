@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -121,13 +121,13 @@ def _with_config_options(function: Callable[..., None]) -> Callable[..., None]:
             "config_file",
             inspect.Parameter.KEYWORD_ONLY,
             default=_config_option(),
-            annotation=Optional[Path],  # noqa: UP045 - typer reads this object at runtime
+            annotation=Path | None,
         ),
         inspect.Parameter(
             "preset",
             inspect.Parameter.KEYWORD_ONLY,
             default=_preset_option(),
-            annotation=Optional[str],  # noqa: UP045
+            annotation=str | None,
         ),
     ]
 
@@ -146,8 +146,8 @@ def _with_config_options(function: Callable[..., None]) -> Callable[..., None]:
     )
     command.__annotations__ = {
         **{name: p.annotation for name, p in signature.parameters.items()},
-        "config_file": Optional[Path],  # noqa: UP045
-        "preset": Optional[str],  # noqa: UP045
+        "config_file": Path | None,
+        "preset": str | None,
     }
     return command
 

@@ -56,7 +56,10 @@ def resolve_model_source(model: str, cache_dir: str) -> str:
 def announce_load(model: str, source: str, what: str = "model") -> None:
     """Say what a (possibly long) model load waits for, before it starts."""
     if Path(source).is_dir():
-        log.info("loading %s %s from %s", what, model, source)
+        if model == source:
+            log.info("loading %s from %s", what, source)
+        else:
+            log.info("loading %s %s from %s", what, model, source)
     else:
         log.info(
             "loading %s %s from the Hugging Face hub (downloaded once, then cached); "
