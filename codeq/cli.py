@@ -176,7 +176,9 @@ def run(argv: list[str] | None = None) -> int:
     except typer.Abort:
         return _fail("aborted", None, 130)
     except click_exceptions.ClickException as exc:
-        return _fail(exc.format_message(), "run `codeq COMMAND --help` for usage", EXIT_BAD_INPUT)
+        context = getattr(exc, "ctx", None)
+        command = context.command_path if context is not None else "codeq COMMAND"
+        return _fail(exc.format_message(), f"run `{command} --help` for usage", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", None, 130)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become one line

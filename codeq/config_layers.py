@@ -161,7 +161,15 @@ class Layers:
         return "default"
 
     def position(self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]) -> str:
-        """Where a bad key or value was set, for error messages ('' when it is unknown)."""
+        """Where a bad key or value was set, for error messages ('' when it is unknown). A
+        list item's location (search.modes.0) is its list's."""
+        for depth in range(len(keys), 0, -1):
+            found = self._position(keys[:depth], environ, model)
+            if found:
+                return found
+        return ""
+
+    def _position(self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]) -> str:
         if _has(self.overrides, keys):
             return "from a command-line flag"
         variable = env_variable_for(keys, environ, model)

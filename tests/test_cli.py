@@ -57,6 +57,12 @@ def test_unknown_command_is_usage_error(capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_usage_errors_point_at_the_command_help(capsys):
+    assert run(["train"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: Missing argument 'PAIRS'.", "hint: run `codeq train --help` for usage"]
+
+
 def test_version(capsys):
     from codeq import __version__
 

@@ -120,6 +120,11 @@ def test_bad_value_says_which_file_and_line(tmp_path):
         f"invalid config: search.rolouts: unknown key in {path}, line 4, column 3"
     )
     assert info.value.hint is not None and "did you mean rollouts?" in info.value.hint
+    path.write_text("evaluate:\n  modes: [full_rewrite, bogus]\n")
+    with pytest.raises(ConfigError, match=rf"evaluate\.modes\.1: .* in {path}, line 2, column 3"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="from a command-line flag"):
+        load_config(None, {"evaluate": {"modes": ["bogus"]}})
 
 
 # ------------------------------------------------------------------------------ presets
