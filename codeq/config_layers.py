@@ -147,38 +147,37 @@ class Layers:
         """Preset and file merged: the layer just below the environment."""
         return merge(self.preset_values, self.file_values)
 
-    def origin(self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]) -> str:
-        """Where the value of `keys` came from: flag, env VAR, file PATH, preset NAME, default."""
+    def layer_of(
+        self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]
+    ) -> tuple[str, Path | None]:
+        """(origin, file) of the layer that sets `keys`: ('flag', None), ('env VAR', None),
+        ('file PATH', PATH), ('preset NAME', its file) or ('default', None)."""
         if _has(self.overrides, keys):
-            return "flag"
+            return "flag", None
         variable = env_variable_for(keys, environ, model)
         if variable:
-            return f"env {variable}"
-        if _has(self.file_values, keys):
-            return f"file {self.file}"
+            return f"env {variable}", None
+        if self.file is not None and _has(self.file_values, keys):
+            return f"file {self.file}", self.file
         if _has(self.preset_values, keys):
-            return f"preset {self.preset}"
-        return "default"
+            return f"preset {self.preset}", preset_path(self.preset)
+        return "default", None
+
+    def origin(self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]) -> str:
+        """Where the value of `keys` came from: flag, env VAR, file PATH, preset NAME, default."""
+        return self.layer_of(keys, environ, model)[0]
 
     def position(self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]) -> str:
         """Where a bad key or value was set, for error messages ('' when it is unknown). A
         list item's location (search.modes.0) is its list's."""
         for depth in range(len(keys), 0, -1):
-            found = self._position(keys[:depth], environ, model)
-            if found:
-                return found
-        return ""
-
-    def _position(self, keys: KeyPath, environ: Mapping[str, str], model: type[BaseModel]) -> str:
-        if _has(self.overrides, keys):
-            return "from a command-line flag"
-        variable = env_variable_for(keys, environ, model)
-        if variable:
-            return f"from {variable}"
-        files = [(self.file, self.file_values), (preset_path(self.preset), self.preset_values)]
-        for path, values in files:
-            if path is not None and _has(values, keys):
-                spot = key_position(path, keys)
+            origin, path = self.layer_of(keys[:depth], environ, model)
+            if origin == "flag":
+                return "from a command-line flag"
+            if origin.startswith("env "):
+                return f"from {origin.removeprefix('env ')}"
+            if path is not None:
+                spot = key_position(path, keys[:depth])
                 return f"in {path}{', ' + spot if spot else ''}"
         return ""
 
