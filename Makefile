@@ -14,7 +14,7 @@ CHECKOV := $(TOOLS)/checkov/bin/checkov
 PYTEST_ARGS ?=
 
 .PHONY: setup setup-python setup-dev setup-sandbox setup-tools demo test test-fast lint format \
-	bench clean
+	bench clean images images-base
 
 # Everything `make test` and `.ci/run` need; `make demo` needs only setup-sandbox + setup-python.
 setup: setup-sandbox setup-dev setup-tools
@@ -64,6 +64,16 @@ setup-tools: $(CHECKOV)
 $(CHECKOV):
 	$(PYTHON) -m venv $(TOOLS)/checkov
 	$(TOOLS)/checkov/bin/pip install -q checkov
+
+# Both images with BuildKit (Docker daemon needed): CPU variants here, IMAGE_VARIANT=cuda for the
+# production ones. Without a reachable registry the base is the stand-in of images-base.
+IMAGE_VARIANT ?= cpu
+images:
+	VARIANT=$(IMAGE_VARIANT) images/build.sh
+
+# A stand-in for python:3.11-slim-bookworm made with debootstrap (no registry needed).
+images-base:
+	images/build-local-base.sh
 
 demo: setup-sandbox setup-python
 	$(IN_VENV) $(BIN)/codeq round

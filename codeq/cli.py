@@ -55,12 +55,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": ("codeq.commands.report", "Render the round report (JSON, Markdown, HTML)."),
     "round": ("codeq.commands.round", "Run a whole round locally: every stage, prepare to report."),
+    "rounds": (
+        "codeq.commands.rounds",
+        "Run chained rounds locally until N rounds or no more promotions.",
+    ),
 }
 
 app = typer.Typer(
     name="codeq",
     help="CodeQ: self-improving code-debugging agent. Stages of a round, in order: "
-    + " -> ".join(name for name in COMMANDS if name not in {"config", "exec", "merge", "round"})
+    + " -> ".join(
+        name for name in COMMANDS if name not in {"config", "exec", "merge", "round", "rounds"}
+    )
     + ". `codeq round` runs them all locally.",
     no_args_is_help=True,
     add_completion=False,
@@ -72,7 +78,7 @@ app = typer.Typer(
 CONFIG_HELP = "YAML config file, layered over the preset (also CODEQ_CONFIG_FILE)."
 PRESET_HELP = (
     f"Settings preset ({', '.join(preset_names())}) under the config file (also CODEQ_PRESET). "
-    "Default: laptop for `round`, production elsewhere."
+    "Default: laptop for `round` and `rounds`, production elsewhere."
 )
 
 

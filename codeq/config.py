@@ -51,7 +51,17 @@ class TasksConfig(Section):
     )
     seed: int = Field(42, description="Seed for the train/test split and hidden-test synthesis.")
     test_fraction: float = Field(
-        0.15, gt=0.0, lt=1.0, description="Fraction of problem slugs held out for testing."
+        0.15,
+        gt=0.0,
+        lt=1.0,
+        description="Fraction of problem slugs held out for testing (reported, never decides).",
+    )
+    validation_fraction: float = Field(
+        0.15,
+        ge=0.0,
+        lt=1.0,
+        description="Fraction of problem slugs held out for validation: promotion decides "
+        "there. 0 leaves no validation split (then no round can be promoted).",
     )
     hidden_tests_per_task: int = Field(
         5, ge=1, le=100, description="Hidden tests generated per task from mutated example inputs."
@@ -64,6 +74,12 @@ class TasksConfig(Section):
     )
     max_items: int | None = Field(
         None, ge=1, description="Read at most this many items (quick runs); None reads all."
+    )
+    train_per_round: int | None = Field(
+        None,
+        ge=1,
+        description="Collect on this many train tasks per round: round r takes the r-th slice "
+        "of one seeded shuffle, so rounds search different problems. None: every train task.",
     )
 
 
@@ -159,6 +175,18 @@ class SearchConfig(Section):
     stop_on_pass: bool = Field(
         True, description="Stop a tree once a rewrite passes every reward test."
     )
+    seed: int = Field(
+        0,
+        description="Seed of the search: every sampling request draws from its own random "
+        "stream, derived from this seed, the task and the node, so results do not depend on "
+        "which other requests shared the batch's random numbers.",
+    )
+    deterministic: bool = Field(
+        True,
+        description="Test programs in lockstep with generation, so the batches (and thus every "
+        "result, bf16 rounding included) repeat exactly for the same config. False tests in a "
+        "background thread while the policy decodes: faster on a GPU, not repeatable.",
+    )
 
 
 class PairsConfig(Section):
@@ -212,6 +240,10 @@ class TrainConfig(Section):
         10, ge=1, description="Evaluate held-out reward accuracy every N steps."
     )
     seed: int = Field(42, description="Training seed.")
+    report_to: Literal["none", "wandb", "mlflow"] = Field(
+        "none",
+        description="Experiment tracking through TRL's report_to (the client must be installed).",
+    )
 
 
 EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon"]
@@ -228,6 +260,34 @@ class EvaluateConfig(Section):
     )
     max_tasks: int | None = Field(None, ge=1, description="Evaluate at most N test tasks.")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Wilson interval confidence.")
+
+
+DEFAULT_PROMOTION_MODES: list[EvalMode] = ["full_rewrite"]
+
+
+class PromotionConfig(Section):
+    modes: list[EvalMode] = Field(
+        default_factory=lambda: list(DEFAULT_PROMOTION_MODES),
+        min_length=1,
+        description="Modes evaluated on the validation split for promotion. The first decides "
+        "(the candidate must solve significantly more validation tasks than the incumbent); "
+        "in every mode the candidate must not be significantly worse (no regression).",
+    )
+    level: float = Field(
+        0.05,
+        gt=0.0,
+        lt=1.0,
+        description="Significance level of the one-sided exact McNemar test on the validation "
+        "tasks (paired: the same tasks for the candidate and the incumbent).",
+    )
+    max_tasks: int | None = Field(
+        None, ge=1, description="Evaluate at most N validation tasks; None evaluates all."
+    )
+    patience: int = Field(
+        1,
+        ge=1,
+        description="`codeq rounds` stops after this many rounds in a row without a promotion.",
+    )
 
 
 class StoreConfig(Section):
@@ -263,6 +323,7 @@ class CodeQConfig(BaseSettings):
     pairs: PairsConfig = Field(default_factory=PairsConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 
     _file_settings: ClassVar[dict[str, Any] | None] = None
@@ -285,6 +346,10 @@ class CodeQConfig(BaseSettings):
     def _check_cross_section(self) -> CodeQConfig:
         if self.train.lora_alpha < self.train.lora_r // 4:
             raise ValueError("train.lora_alpha is far below lora_r; LoRA updates would vanish")
+        if self.tasks.test_fraction + self.tasks.validation_fraction >= 1.0:
+            raise ValueError(
+                "tasks.test_fraction + tasks.validation_fraction must leave slugs for training"
+            )
         return self
 
 

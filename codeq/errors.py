@@ -58,6 +58,10 @@ class ModelLoadError(BadInputError):
     """A model, tokenizer or adapter cannot be loaded from the given location."""
 
 
+class RoundOrderError(BadInputError):
+    """A round cannot start because an earlier round of the same run has not finished."""
+
+
 class SandboxError(CodeQError):
     """The sandbox itself (not the program under test) failed: runsc missing, setup broken."""
 

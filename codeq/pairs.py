@@ -4,13 +4,15 @@ A pair's prompt is exactly the chat prompt that produced both siblings, and chos
 model's own raw completions, so DPO trains on what the policy actually generated.
 
 Blended value: Q = alpha * Q_mcts + (1 - alpha) * Q_ai (Q_ai missing -> Q_mcts alone).
-A pair is emitted when |Q_a - Q_b| > theta, after dropping degenerate pairs (the two completions
-are equal once whitespace is normalized), duplicates, pairs of two invalid rewrites, and pairs
-beyond the per-task cap (the largest value gaps are kept).
+A pair is emitted when |Q_a - Q_b| > theta, after dropping siblings whose prompt evaluation never
+gives (a refinement of a program that passes every visible test), degenerate pairs (the two
+extracted programs are the same), duplicates, pairs of two invalid rewrites, and pairs beyond the
+per-task cap (the largest value gaps are kept).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import re
@@ -21,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig, PairsConfig
-from codeq.errors import BadInputError
-from codeq.schemas import Node, Pair, Trajectory, read_jsonl, write_json, write_jsonl
+from codeq.errors import BadInputError, CorruptInputError
+from codeq.policy.prompts import asks_past_passing_examples
+from codeq.schemas import Lineage, Node, Pair, Trajectory, read_jsonl, write_json, write_jsonl
 
 log = logging.getLogger(__name__)
 
 DROP_REASONS = (
     "small_gap",
+    "unseen_prompt",
     "degenerate",
     "duplicate",
     "both_invalid",
@@ -41,6 +45,15 @@ _WHITESPACE = re.compile(r"\s+")
 def normalize_whitespace(text: str) -> str:
     """Collapse every whitespace run to one space and strip the ends."""
     return _WHITESPACE.sub(" ", text).strip()
+
+
+def same_code(first: str, second: str) -> bool:
+    """The same program up to formatting and comments: equal syntax trees (equal text once
+    whitespace is normalized when either does not parse)."""
+    try:
+        return ast.dump(ast.parse(first)) == ast.dump(ast.parse(second))
+    except (SyntaxError, ValueError):
+        return normalize_whitespace(first) == normalize_whitespace(second)
 
 
 def blended_value(node: Node, alpha: float) -> float:
@@ -65,6 +78,13 @@ def sibling_groups(trajectory: Trajectory) -> list[list[Node]]:
         prompt_key = json.dumps([m.model_dump() for m in node.prompt], sort_keys=True)
         groups[(node.parent, prompt_key)].append(node)
     return [nodes for nodes in groups.values() if len(nodes) >= 2]
+
+
+def seen_at_evaluation(siblings: Sequence[Node]) -> bool:
+    """False for siblings refining a program that passes every visible test: a collection
+    rewarded by hidden tests too asks that, evaluation (rewarded by visible tests) never does,
+    so DPO would learn from prompts the policy is never given."""
+    return not asks_past_passing_examples(siblings[0].prompt)
 
 
 def _pair_key(pair: Pair) -> tuple[str, str, str]:
@@ -93,8 +113,8 @@ def _candidates_of_group(
             if not chosen.valid:
                 dropped["chosen_invalid"] += 1
                 continue
-            if normalize_whitespace(chosen.completion) == normalize_whitespace(rejected.completion):
-                dropped["degenerate"] += 1
+            if same_code(chosen.program, rejected.program):
+                dropped["degenerate"] += 1  # the same program in other words teaches nothing
                 continue
             pair = Pair(
                 task_id=trajectory.task_id,
@@ -106,6 +126,7 @@ def _candidates_of_group(
                 rejected=rejected.completion,
                 q_chosen=max(q_first, q_second),
                 q_rejected=min(q_first, q_second),
+                policy=trajectory.policy,
             )
             candidates.append(_Candidate(pair, gap))
     return candidates
@@ -120,6 +141,9 @@ def pairs_of_trajectory(
     """Pairs of one task: largest value gaps first, duplicates removed, capped per task."""
     candidates: list[_Candidate] = []
     for siblings in sibling_groups(trajectory):
+        if not seen_at_evaluation(siblings):
+            dropped["unseen_prompt"] += len(siblings) * (len(siblings) - 1) // 2
+            continue
         candidates.extend(_candidates_of_group(trajectory, siblings, config, dropped))
     candidates.sort(key=lambda candidate: candidate.gap, reverse=True)
     kept: list[Pair] = []
@@ -198,12 +222,27 @@ def read_trajectories(paths: Sequence[Path]) -> list[Trajectory]:
     return trajectories
 
 
+def common_policy(trajectories: Sequence[Trajectory]) -> Lineage | None:
+    """The one policy that searched every trajectory (None when they do not record it).
+    Pairs from two policies would give DPO a reference that wrote only some of them."""
+    lineages = {t.policy.id: t.policy for t in trajectories if t.policy is not None}
+    if len(lineages) > 1:
+        raise CorruptInputError(
+            f"the trajectories come from {len(lineages)} different policies "
+            f"({', '.join(sorted(lineages))})",
+            hint="build pairs from the trajectories of one round's collect stage",
+        )
+    return next(iter(lineages.values()), None)
+
+
 def make_pairs(
     trajectory_paths: Sequence[Path], out_dir: Path, config: CodeQConfig
 ) -> dict[str, Any]:
     """The pairs stage: read trajectories, write out_dir/pairs.jsonl and out_dir/stats.json."""
     trajectories = read_trajectories(trajectory_paths)
+    policy = common_policy(trajectories)
     pairs, stats = build_pairs(trajectories, config.pairs)
+    stats["policy"] = policy.model_dump() if policy is not None else None
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "pairs.jsonl", pairs)
     write_json(out_dir / "stats.json", stats)

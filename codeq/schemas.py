@@ -94,6 +94,44 @@ class ChatMessage(Record):
     content: str
 
 
+class AdapterLink(Record):
+    """One promoted LoRA adapter merged into a policy, in the order of the chain."""
+
+    round: int = Field(description="The round that trained (and promoted) it.")
+    sha256: str = Field(description="sha256 of its adapter_model.safetensors.")
+    source: str = Field(description="Store key prefix of the adapter folder.")
+
+
+class Lineage(Record):
+    """What a policy is: a base model and the adapters merged into it, in order. Every
+    trajectory, pair, adapter and report records the lineage of the policy behind it."""
+
+    base_model: str = Field(description="policy.model as configured (HF id, path, 'smollm2').")
+    base_sha256: str = Field(description="Fingerprint of the base model's files.")
+    adapters: list[AdapterLink] = Field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        """Short content hash: equal lineages, equal ids (names merged-model folders)."""
+        import hashlib
+
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+    def extended(self, link: AdapterLink) -> Lineage:
+        return Lineage(
+            base_model=self.base_model,
+            base_sha256=self.base_sha256,
+            adapters=[*self.adapters, link],
+        )
+
+    def describe(self) -> str:
+        base = f"{self.base_model} ({self.base_sha256[:12]})"
+        if not self.adapters:
+            return f"base {base}"
+        chain = " + ".join(f"round {a.round} ({a.sha256[:12]})" for a in self.adapters)
+        return f"base {base} + {chain}"
+
+
 class Node(Record):
     """One program in a search tree. Node 0 is the buggy program (the root)."""
 
@@ -136,6 +174,7 @@ class Trajectory(Record):
     completion_tokens: int = 0
     seconds: float = 0.0
     model: str = ""
+    policy: Lineage | None = Field(None, description="The policy that searched (None: unknown).")
 
 
 class Pair(Record):
@@ -148,6 +187,7 @@ class Pair(Record):
     rejected: str
     q_chosen: float
     q_rejected: float
+    policy: Lineage | None = Field(None, description="The policy that wrote both completions.")
 
 
 RecordT = TypeVar("RecordT", bound=BaseModel)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -17,6 +18,28 @@ from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError, ConfigError
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
 SHARD_COUNT_ENV = "JOB_COMPLETION_COUNT"
 SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
+ROUND_ENV = "CODEQ_STORE__ROUND"
+NEXT_ROUND = "next"
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
+
+
+class StageTerminated(BaseException):
+    """Raised in the main thread when the job gets SIGTERM (preemption, node drain, the Job
+    suspended or deleted). A BaseException, so library code catching Exception cannot swallow
+    it: every `finally` and context manager on the way out runs (sandbox workers stopped, the
+    S3 multipart uploads aborted) and the stage's completion marker,
+    written last on success, is never written."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise StageTerminated(signum)
+
+
+def install_sigterm_handler() -> None:
+    """Turn SIGTERM into StageTerminated. Needed even when python is PID 1 of its container:
+    the kernel drops signals to a namespace's init that has no handler for them."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def shard_from_env() -> tuple[int, int]:
@@ -45,6 +68,18 @@ def stage_arguments(stage: str) -> dict[str, Any]:
     return {}
 
 
+def report_error(exc: Exception) -> int:
+    """Print one `error:` line (and a `hint:`) for a failed job; return its exit code."""
+    if isinstance(exc, CodeQError):
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    logging.getLogger("jobs").error("unexpected error", exc_info=True)
+    print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return EXIT_INTERNAL
+
+
 def run_stage(stage: str) -> int:
     """Run one stage as a job and return its exit code."""
     from codeq.config import dump_config, load_config
@@ -64,23 +99,59 @@ def run_stage(stage: str) -> int:
         status = "skipped (already complete)" if result.get("skipped") else "finished"
         log(f"job {stage} {status} in {time.perf_counter() - started:.1f}s")
         return EXIT_OK
-    except CodeQError as exc:
-        print(f"error: {exc.message}", file=sys.stderr, flush=True)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become one line
-        logging.getLogger("jobs").error("unexpected error", exc_info=True)
-        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return EXIT_INTERNAL
+    except StageTerminated:
+        log(
+            f"job {stage} terminated (SIGTERM) after {time.perf_counter() - started:.1f}s; "
+            "its unfinished output is not marked complete and a rerun resumes it"
+        )
+        return EXIT_TERMINATED
+    except Exception as exc:  # noqa: BLE001 - the one place errors become one line
+        return report_error(exc)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def main(stage: str) -> None:
+def resolve_round() -> int:
+    """The round to run: CODEQ_STORE__ROUND checked against the store, or the next one."""
+    from codeq.config import load_config
+    from codeq.pipeline.round_state import next_round, require_previous_finished
+    from codeq.store import RoundLayout, log, open_store
+
+    wanted = os.environ.get(ROUND_ENV, "").strip()
+    if wanted in ("", NEXT_ROUND):
+        os.environ.pop(ROUND_ENV, None)
+    config = load_config()
+    store = open_store(config.store)
+    if wanted in ("", NEXT_ROUND):
+        number = next_round(store, config.store.run)
+        log(f"run {config.store.run}: the next round is {number}")
+        return number
+    require_previous_finished(store, RoundLayout(config.store.run, config.store.round))
+    return config.store.round
+
+
+def _configure_logging() -> None:
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def main_round() -> None:
+    """`python -m jobs.round`: print the round number (stdout) or fail with the exit code."""
+    _configure_logging()
+    install_sigterm_handler()
+    try:
+        print(resolve_round(), flush=True)
+    except StageTerminated:
+        sys.exit(EXIT_TERMINATED)
+    except Exception as exc:  # noqa: BLE001 - reported like every job's error
+        sys.exit(report_error(exc))
+    sys.exit(EXIT_OK)
+
+
+def main(stage: str) -> None:
+    _configure_logging()
+    install_sigterm_handler()
     sys.exit(run_stage(stage))

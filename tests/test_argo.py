@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_helm import STAGES, argo_validator, deep_merge, strict, workflow_template
+from test_chart_validation import argo_errors
+from test_helm import STAGES, deep_merge, workflow_template
 
 helm = pytest.importorskip("helm_python")
 
@@ -16,37 +17,20 @@ ROUND = REPO / "argo" / "round.yaml"
 README = REPO / "argo" / "README.md"
 
 
-def workflow_validator():
-    template_validator = argo_validator()  # skips (or fails under CI) without the schema
-    definitions = template_validator.schema["definitions"]
-    import jsonschema
-
-    return jsonschema.Draft7Validator(
-        {
-            "definitions": strict(definitions),
-            "$ref": "#/definitions/io.argoproj.workflow.v1alpha1.Workflow",
-        }
-    )
-
-
 def test_round_workflow_valid_under_strict_argo_schema():
-    workflow = yaml.safe_load(ROUND.read_text())
-    errors = list(workflow_validator().iter_errors(workflow))
-    assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]]
+    assert not argo_errors(yaml.safe_load(ROUND.read_text()), kind="Workflow")
 
 
-def test_round_workflow_refers_to_the_charts_template_with_its_parameters():
+def test_round_workflow_refers_to_the_charts_template_and_overrides_no_default():
+    """Parameters the Workflow lists would override the template's defaults (round "next", the
+    chart's run name); `argo submit -p NAME=VALUE` adds them when wanted."""
     workflow = yaml.safe_load(ROUND.read_text())
     template = workflow_template("default")
     assert workflow["kind"] == "Workflow" and "generateName" in workflow["metadata"]
     assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
-    submitted = [p["name"] for p in workflow["spec"]["arguments"]["parameters"]]
+    assert "arguments" not in workflow["spec"]
     declared = [p["name"] for p in template["spec"]["arguments"]["parameters"]]
-    assert submitted == declared == ["round", "run"]
-    (round_parameter,) = [
-        p for p in workflow["spec"]["arguments"]["parameters"] if p["name"] == "round"
-    ]
-    assert "value" not in round_parameter, "round must come from `argo submit -p round=N`"
+    assert declared == ["round", "run"]
 
 
 def test_readme_opens_with_the_dag_and_explains_submit():
@@ -54,10 +38,25 @@ def test_readme_opens_with_the_dag_and_explains_submit():
     first_block = re.search(r"```\n(.*?)```", text, flags=re.S)
     assert first_block and text.index("```") < 40, "the README opens with a drawing"
     drawing = first_block.group(1)
-    positions = [drawing.index(stage) for stage in STAGES]
+    positions = [drawing.index(stage) for stage in ["resolve-round", *STAGES]]
     assert positions == sorted(positions), "stages drawn in DAG order"
-    assert "argo submit -n codeq argo/round.yaml -p round=0" in text
+    assert "argo submit -n codeq argo/round.yaml --watch" in text
     assert "helm install codeq helm/codeq" in text
+
+
+def test_readme_shows_n_rounds_logs_and_stopping():
+    text = README.read_text()
+    loop = re.search(r"for i in .*?; do\n(.*?)\ndone", text, flags=re.S)
+    assert loop and "argo submit" in loop.group(1) and "--wait || break" in loop.group(1)
+    for command in (
+        "argo logs -n codeq <workflow> -l codeq.io/stage=collect",
+        "kubectl -n codeq get jobs -l codeq.io/outcome=failed",
+        "argo stop -n codeq <workflow>",
+        "argo delete -n codeq",
+    ):
+        assert command in text, command
+    for reason in ("BackoffLimitExceeded", "DeadlineExceeded", "PodFailurePolicy"):
+        assert reason in text, reason
 
 
 def test_readme_helm_flags_name_real_values():

@@ -92,22 +92,20 @@ def test_variables_that_are_not_config_keys_are_allowed(monkeypatch, tmp_path):
     assert config.evaluate.max_tasks == 3
 
 
-def test_every_codeq_variable_the_chart_and_images_set_is_known():
+def test_every_codeq_variable_the_chart_images_and_ci_set_is_known():
     import re
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
-    used: set[str] = set()
-    for path in [
-        *repo.glob("helm/codeq/templates/*"),
-        *repo.glob("Dockerfile.*"),
-        *repo.glob("images/*"),
-    ]:
-        used |= set(re.findall(r"\bCODEQ_[A-Z0-9_]+", path.read_text()))
-    assert used, "the chart sets CODEQ_* variables"
     from codeq.config import CodeQConfig
     from codeq.config_layers import config_variables
 
+    repo = Path(__file__).resolve().parent.parent
+    places = ["helm/codeq/templates/*", "helm/codeq/files/*", "Dockerfile.*", "images/*"]
+    places += [".ci/run", ".github/workflows/*", "Makefile"]
+    used: set[str] = set()
+    for path in (p for place in places for p in repo.glob(place) if p.is_file()):
+        used |= set(re.findall(r"\bCODEQ_[A-Z0-9_]+", path.read_text(errors="replace")))
+    assert {"CODEQ_STORE__URI", "CODEQ_REQUIRE_DOCKER"} <= used
     assert used <= set(config_variables(CodeQConfig)) | set(OTHER_VARIABLES)
 
 

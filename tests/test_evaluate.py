@@ -117,7 +117,7 @@ def test_tasks(tmp_path_factory) -> Path:
     return out / "train.jsonl"
 
 
-def test_evaluate_scores_one_final_program_per_task_on_hidden_tests(test_tasks, tmp_path) -> None:
+def test_evaluate_scores_one_final_program_per_task_on_all_tests(test_tasks, tmp_path) -> None:
     tasks = read_jsonl(test_tasks, Task)[:3]
     plans = {tasks[0].task_id: "fix", tasks[1].task_id: "late", tasks[2].task_id: "never"}
     config = load_config(
@@ -131,7 +131,8 @@ def test_evaluate_scores_one_final_program_per_task_on_hidden_tests(test_tasks, 
     results = evaluate(test_tasks, tmp_path, config, engine=policy)
 
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved == json.loads(json.dumps(results))
+    assert saved == results.model_dump(mode="json")
+    assert saved["scored_on"] == "visible+hidden"
     assert saved["task_ids"] == [t.task_id for t in tasks]
     assert saved["primary_mode"] == "mcts"
     assert list(saved["modes"]) == ["zero_shot", "full_rewrite", "mcts", "bon"]

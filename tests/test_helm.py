@@ -1,7 +1,7 @@
-"""The Helm chart, checked without a cluster: real Helm v4 lint and render (helm-python-sdk) of
-every ci/*-values.yaml scenario, strict Kubernetes schemas for every object and every Job inside
-an Argo resource template, the WorkflowTemplate under Argo's own schema made strict, the Job
-semantics the round depends on, and checkov with zero failed checks."""
+"""The Helm chart's semantics, rendered by real Helm v4 (helm-python-sdk) for every
+helm/codeq/ci/*-values.yaml scenario: what each stage Job, the round's DAG, its helper steps and
+its exit handler do. The validation an operator's pipeline runs (strict Kubernetes and Argo
+schemas, checkov) is tests/test_chart_validation.py; the helpers here are shared by both."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import functools
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,6 @@ import pytest
 import yaml
 
 helm = pytest.importorskip("helm_python")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-jsonschema = pytest.importorskip("jsonschema")
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "codeq"
@@ -29,21 +25,25 @@ SCENARIOS = sorted(
 )
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 SANDBOX_STAGES = {"prepare", "collect", "evaluate"}
-KUBE_VERSION = "1.37.0"
+CPU_STAGES = {"prepare", "pairs", "promote", "report"}
 RELEASE, NAMESPACE = "codeq", "codeq"
-ARGO_EXPRESSIONS = {
-    "workflow.name",
-    "workflow.parameters.round",
-    "workflow.parameters.run",
-    "workflow.status",
-}
-# What a submitted workflow substitutes (the spec run uses the same table).
+WORKFLOW_NAME = "codeq-round-x7k2p"
+# Plausible values for every Argo expression the chart uses, as a submitted workflow would
+# substitute them (the spec run and the validation use the same table).
 ARGO_SAMPLE = {
-    "workflow.name": "codeq-round-x7k2p",
-    "workflow.parameters.round": "0",
+    "workflow.name": WORKFLOW_NAME,
+    "workflow.parameters.round": "next",
     "workflow.parameters.run": "default",
     "workflow.status": "Failed",
+    "tasks.resolve-round.outputs.result": "3",
+    "inputs.parameters.round": "3",
+    "inputs.parameters.job": f"{WORKFLOW_NAME}-collect",
 }
+ARGO_EXPRESSIONS = set(ARGO_SAMPLE)
+# Largest ephemeral-storage request of a stage in the default values: fits the allocatable
+# ephemeral storage of a GPU node with a 100 GB boot disk (GKE's default, and the size the EKS
+# GPU node group examples use); docs/cluster.md lists the sizes.
+COMMON_NODE_EPHEMERAL_GI = 64
 
 
 def argo_schema_path() -> Path:
@@ -65,14 +65,26 @@ def render(scenario: str, extra: str = "") -> dict[str, str]:
         return chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
+def render_with(scenario: str, **overrides: Any) -> dict[str, str]:
+    return render(scenario, json.dumps(overrides, sort_keys=True))
+
+
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Helm's coalescing: maps merge key by key, a null removes a key, anything else replaces."""
     merged = copy.deepcopy(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value
     return merged
+
+
+def effective_values(scenario: str, extra: str = "") -> dict[str, Any]:
+    values = deep_merge(helm.Chart.load(CHART).values, scenario_values(scenario))
+    return deep_merge(values, json.loads(extra)) if extra else values
 
 
 def objects(scenario: str, extra: str = "") -> list[dict[str, Any]]:
@@ -89,165 +101,184 @@ def workflow_template(scenario: str, extra: str = "") -> dict[str, Any]:
     return wt
 
 
+def templates(scenario: str, extra: str = "") -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in workflow_template(scenario, extra)["spec"]["templates"]}
+
+
 def substitute(text: str, table: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*([^{}]+?)\s*\}\}", lambda m: table[m.group(1)], text)
 
 
+def raw_manifests(scenario: str, extra: str = "") -> dict[str, str]:
+    """{stage: the Job manifest a resource template creates, Argo expressions unresolved}; every
+    stage must have one (keyed by the manifest's codeq.io/stage label)."""
+    found = {}
+    for template in templates(scenario, extra).values():
+        resource = template.get("resource")
+        if resource and resource["action"] in ("create", "apply"):
+            manifest = yaml.safe_load(resource["manifest"])
+            if manifest["kind"] == "Job":
+                found[manifest["metadata"]["labels"]["codeq.io/stage"]] = resource["manifest"]
+    assert sorted(found) == sorted(STAGES), f"stage Jobs found: {sorted(found)}"
+    return found
+
+
 def stage_jobs(scenario: str, extra: str = "", table: dict[str, str] | None = None):
     """{stage: Job dict} from the resource templates, Argo expressions substituted."""
-    wt = workflow_template(scenario, extra)
-    jobs = {}
-    for template in wt["spec"]["templates"]:
-        resource = template.get("resource")
-        if resource and resource["action"] == "create":
-            jobs[template["name"]] = yaml.safe_load(
-                substitute(resource["manifest"], table or ARGO_SAMPLE)
-            )
-    return jobs
-
-
-def raw_manifests(scenario: str) -> dict[str, str]:
-    wt = workflow_template(scenario)
     return {
-        t["name"]: t["resource"]["manifest"]
-        for t in wt["spec"]["templates"]
-        if t.get("resource", {}).get("action") == "create"
+        stage: yaml.safe_load(substitute(manifest, table or ARGO_SAMPLE))
+        for stage, manifest in raw_manifests(scenario, extra).items()
     }
 
 
-# ----------------------------------------------------------------------------- lint and render
-
-
-def test_there_are_scenarios_for_production_identity_and_kind():
-    assert {"default", "irsa", "kind"} <= set(SCENARIOS)
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_helm_lint_strict_passes(scenario):
-    report = helm.lint(CHART, scenario_values(scenario), strict=True, namespace=NAMESPACE)
-    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
-    assert report["total_charts_linted"] == 1
-    assert not problems, problems
-
-
-def test_lint_catches_a_broken_values_file():
-    """The lint check can fail: a value of the wrong type is an error."""
-    report = helm.lint(CHART, {"stages": {"collect": {"shards": "many"}}}, strict=True)
-    assert report["errors"] or [m for m in report["messages"] if m["severity"] == 3]
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"stages": {"collect": {"shards": 0}}},
-        {"s3Credentials": {"mode": "env"}},
-        {"unknownTopLevel": 1},
-        {"pools": {"infer": {"gpuType": "h100"}}},
-        {"stages": {"train": {"pool": "cpu"}}},
-        {"store": {"uri": "gs://bucket/x"}},
-    ],
-)
-def test_values_schema_rejects_bad_values(bad):
-    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError):
-        chart.validate_schema(deep_merge(chart.values, bad))
-
-
-def test_secret_mode_without_credentials_fails_with_a_clear_message():
-    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError, match="existingSecret"):
-        chart.render(values={}, name=RELEASE, namespace=NAMESPACE)
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_every_rendered_object_is_valid_under_strict_kubernetes_schemas(scenario):
-    checked = 0
-    for obj in objects(scenario):
-        if obj["apiVersion"].startswith("argoproj.io/"):
+def helper_pods(scenario: str, extra: str = "") -> dict[str, dict[str, Any]]:
+    """The pods Argo creates for the container templates (round number, exit handler), built as
+    Argo builds them: the template's container, volumes and security context, the workflow's
+    pod metadata, service account and placement."""
+    wt = workflow_template(scenario, extra)
+    spec = wt["spec"]
+    pods = {}
+    for name, template in templates(scenario, extra).items():
+        if "container" not in template:
             continue
-        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-        checked += 1
-    for job in stage_jobs(scenario).values():
-        kubernetes_validate.validate(job, KUBE_VERSION, strict=True)
-        checked += 1
-    assert checked >= 6 + len(STAGES)
+        labels = {**spec.get("podMetadata", {}).get("labels", {})}
+        labels.update(template.get("metadata", {}).get("labels", {}))
+        labels["workflows.argoproj.io/workflow"] = WORKFLOW_NAME
+        pod_spec: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "serviceAccountName": template.get("serviceAccountName", spec["serviceAccountName"]),
+            "securityContext": template.get("securityContext", spec.get("securityContext")),
+            "containers": [template["container"]],
+            "volumes": template.get("volumes", []),
+        }
+        if "automountServiceAccountToken" in template:
+            pod_spec["automountServiceAccountToken"] = template["automountServiceAccountToken"]
+        for key in ("nodeSelector", "tolerations"):
+            if spec.get(key):
+                pod_spec[key] = spec[key]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{WORKFLOW_NAME}-{name}-1", "namespace": NAMESPACE},
+            "spec": pod_spec,
+        }
+        pod["metadata"]["labels"] = labels
+        annotations = template.get("metadata", {}).get("annotations")
+        if annotations:
+            pod["metadata"]["annotations"] = annotations
+        pods[name] = yaml.safe_load(substitute(yaml.safe_dump(pod), ARGO_SAMPLE))
+    return pods
 
 
-def test_strict_kubernetes_validation_can_fail():
-    job = stage_jobs("default")["collect"]
-    job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(job, KUBE_VERSION, strict=True)
+def parse_quantity(text: str | int) -> float:
+    """Kubernetes quantity in bytes (binary and decimal suffixes)."""
+    match = re.fullmatch(r"([0-9.]+)([KMGTPE]i?|m)?", str(text))
+    assert match, text
+    units = {"": 1, "m": 1e-3}
+    for i, suffix in enumerate("KMGTPE", start=1):
+        units[suffix] = 1000**i
+        units[suffix + "i"] = 1024**i
+    return float(match.group(1)) * units[match.group(2) or ""]
 
 
-def strict(schema: Any) -> Any:
-    """Argo's schema with additionalProperties: false wherever an object lists its properties."""
-    if isinstance(schema, dict):
-        out = {k: strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [strict(v) for v in schema]
-    return schema
-
-
-@functools.cache
-def argo_validator():
-    path = argo_schema_path()
-    if not path.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Argo schema missing at {path} (set CODEQ_ARGO_SCHEMA)")
-        pytest.skip(f"Argo schema not found at {path} (set CODEQ_ARGO_SCHEMA)")
-    schema = strict(json.loads(path.read_text()))
-    root = {
-        "definitions": schema["definitions"],
-        "$ref": "#/definitions/io.argoproj.workflow.v1alpha1.WorkflowTemplate",
-    }
-    return jsonschema.Draft7Validator(root)
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_workflow_template_valid_under_strict_argo_schema(scenario):
-    errors = sorted(argo_validator().iter_errors(workflow_template(scenario)), key=str)
-    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors[:10])
-
-
-def test_strict_argo_schema_rejects_a_misspelt_field():
-    wt = copy.deepcopy(workflow_template("default"))
-    wt["spec"]["templates"][1]["resource"]["successCondtion"] = "status.succeeded > 0"
-    assert list(argo_validator().iter_errors(wt))
-
-
-# ----------------------------------------------------------------------------- semantics
+# ----------------------------------------------------------------------------- the round's DAG
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_dag_runs_every_stage_in_order_as_a_resource_template(scenario):
+def test_dag_resolves_the_round_then_runs_every_stage_in_order(scenario):
     spec = workflow_template(scenario)["spec"]
-    templates = {t["name"]: t for t in spec["templates"]}
-    tasks = templates[spec["entrypoint"]]["dag"]["tasks"]
-    assert [t["name"] for t in tasks] == STAGES
-    for before, task in zip(STAGES, tasks[1:], strict=False):
+    by_name = templates(scenario)
+    tasks = by_name[spec["entrypoint"]]["dag"]["tasks"]
+    assert [t["name"] for t in tasks] == ["resolve-round", *STAGES]
+    for before, task in zip(["resolve-round", *STAGES], tasks[1:], strict=False):
         assert task["depends"] == before
+        (argument,) = task["arguments"]["parameters"]
+        assert argument == {"name": "round", "value": "{{tasks.resolve-round.outputs.result}}"}
     for stage in STAGES:
-        resource = templates[stage]["resource"]
-        assert resource["action"] == "create"
-        assert resource["setOwnerReference"] is True
-        assert resource["successCondition"] == "status.completionTime"
-        assert resource["failureCondition"] == "status.conditions.0.type in (FailureTarget,Failed)"
-    names = [p["name"] for p in spec["arguments"]["parameters"]]
-    assert names == ["round", "run"]
-    assert "value" not in spec["arguments"]["parameters"][0], "round must be given at submit"
+        steps = [step for group in by_name[stage]["steps"] for step in group]
+        assert [s["name"] for s in steps] == ["start", "finish"]
+        assert steps[0]["template"] == f"{stage}-start"
+        assert steps[1]["arguments"]["parameters"] == [
+            {"name": "job", "value": f"{{{{workflow.name}}}}-{stage}"}
+        ]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_on_exit_deletes_the_rounds_jobs_unless_it_succeeded(scenario):
+def test_round_defaults_to_next_and_run_to_the_charts_value(scenario):
+    values = effective_values(scenario)
+    parameters = {
+        p["name"]: p for p in workflow_template(scenario)["spec"]["arguments"]["parameters"]
+    }
+    assert list(parameters) == ["round", "run"]
+    assert parameters["round"]["value"] == "next"
+    assert parameters["run"]["value"] == values["run"]["name"]
+    other = workflow_template(scenario, json.dumps({"run": {"name": "qwen7b-mcts"}}))
+    assert other["spec"]["arguments"]["parameters"][1]["value"] == "qwen7b-mcts"
+
+
+def test_the_round_number_step_runs_jobs_round_with_the_requested_round():
+    """The first step prints the round (its stdout is the result every stage receives)."""
+    step = templates("default")["resolve-round"]
+    container = step["container"]
+    assert container["command"] == ["python", "-m", "jobs.round"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CODEQ_STORE__ROUND"] == "{{workflow.parameters.round}}"
+    assert env["CODEQ_STORE__RUN"] == "{{workflow.parameters.run}}"
+    assert env["CODEQ_CONFIG_FILE"] == "/etc/codeq/config.yaml"
+    # It reads the store with the jobs' identity; Argo's executor reports with the workflow's.
+    assert step["serviceAccountName"] == "codeq-jobs"
+    assert step["automountServiceAccountToken"] is False
+    assert step["executor"]["serviceAccountName"] == "codeq-workflow"
+    assert "75" in step["retryStrategy"]["expression"], "a store outage is retried"
+
+
+def test_the_round_number_step_resolves_next_and_refuses_an_out_of_order_round(tmp_path):
+    """Runs the rendered step's command and env (store swapped for a local folder)."""
+    import subprocess
+    import sys
+
+    container = templates("default")["resolve-round"]["container"]
+    (cm,) = [
+        o for o in objects("default") if o["kind"] == "ConfigMap" and "config.yaml" in o["data"]
+    ]
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    store = tmp_path / "store"
+
+    def run(requested: str) -> subprocess.CompletedProcess:
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}
+        for var in container["env"]:
+            env[var["name"]] = substitute(
+                var["value"], {**ARGO_SAMPLE, "workflow.parameters.round": requested}
+            )
+        env.update(
+            CODEQ_CONFIG_FILE=str(tmp_path / "config.yaml"),
+            CODEQ_STORE__URI=f"file://{store}",
+            HOME=str(tmp_path),
+            TMPDIR=str(tmp_path),
+        )
+        env.pop("AWS_SHARED_CREDENTIALS_FILE", None)
+        command = [sys.executable, *container["command"][1:]]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    first = run("next")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout == "0\n"
+    marker = store / "runs" / "default" / "round-0" / "report" / "_COMPLETE"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}\n")
+    assert run("next").stdout == "1\n"
+    assert run("1").stdout == "1\n"
+    refused = run("5")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "round 4" in refused.stderr and "has not finished" in refused.stderr
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_two_rounds_of_one_run_never_overlap(scenario):
     spec = workflow_template(scenario)["spec"]
-    templates = {t["name"]: t for t in spec["templates"]}
-    step = templates[spec["onExit"]]["steps"][0][0]
-    assert step["when"] == "{{workflow.status}} != Succeeded"
-    delete = templates[step["template"]]["resource"]
-    assert delete["action"] == "delete"
-    assert "--selector=workflows.argoproj.io/workflow={{workflow.name}}" in delete["flags"]
+    assert spec["synchronization"] == {
+        "mutexes": [{"name": "codeq-run-{{workflow.parameters.run}}"}]
+    }
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -256,17 +287,72 @@ def test_argo_expressions_are_escaped_through_helm_and_known(scenario):
     found = set(re.findall(r"\{\{\s*([^{}]*?)\s*\}\}", text))
     assert found == ARGO_EXPRESSIONS
     for stage, manifest in raw_manifests(scenario).items():
-        assert "{{workflow.parameters.round}}" in manifest, stage
+        assert "{{inputs.parameters.round}}" in manifest, stage
+        assert "{{workflow.parameters.round}}" not in manifest, "stages use the resolved round"
         assert "{{workflow.parameters.run}}" in manifest, stage
         assert "{{workflow.name}}" in manifest, stage
     for name, text in render(scenario).items():
         if name != "codeq/templates/workflowtemplate.yaml":
-            assert "{{" not in text, name
+            assert "{{" not in text.replace("{{`", ""), name
+
+
+# ----------------------------------------------------------------------------- stage steps
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_retried_step_adopts_its_job_instead_of_creating_a_second(scenario):
+    """Fixed Job names (workflow + stage) and `apply`: the retry finds the Job it made."""
+    by_name = templates(scenario)
+    values = effective_values(scenario)
+    creating = {
+        yaml.safe_load(t["resource"]["manifest"])["metadata"]["labels"]["codeq.io/stage"]: t
+        for t in by_name.values()
+        if t.get("resource", {}).get("action") in ("create", "apply")
+        and yaml.safe_load(t["resource"]["manifest"])["kind"] == "Job"
+    }
+    assert sorted(creating) == sorted(STAGES)
+    for stage, start in creating.items():
+        resource = start["resource"]
+        assert resource["action"] == "apply"
+        assert resource["setOwnerReference"] is True
+        job = yaml.safe_load(resource["manifest"])
+        assert job["metadata"]["name"] == f"{{{{workflow.name}}}}-{stage}"
+        assert "generateName" not in job["metadata"]
+        assert "{{retries}}" not in resource["manifest"]
+        assert "suspend" not in job["spec"], "Kueue owns spec.suspend; a re-apply must not flip it"
+        assert "retryStrategy" in start, f"{stage}: no retry of a lost executor"
+        assert start["retryStrategy"]["retryPolicy"] == "OnError"
+        assert start["retryStrategy"]["limit"] == str(values["workflow"]["stepRetries"])
+    finish = by_name["finish"]
+    assert finish["resource"]["action"] == "get"
+    assert yaml.safe_load(finish["resource"]["manifest"])["metadata"]["name"] == (
+        "{{inputs.parameters.job}}"
+    )
+    assert finish["retryStrategy"]["retryPolicy"] == "OnError"
+    # Long enough names still fit: Indexed pods are named <job>-<index>-<suffix> (<= 63).
+    longest = max(len(f"{WORKFLOW_NAME}-{stage}") for stage in STAGES)
+    assert longest + len("-999-abcde") <= 63
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_start_waits_for_the_job_to_start_within_the_start_timeout(scenario):
+    values = effective_values(scenario)
+    for stage in STAGES:
+        start = templates(scenario)[f"{stage}-start"]
+        assert start["resource"]["successCondition"] == "status.startTime"
+        assert start["timeout"] == values["workflow"]["startTimeout"]
+    assert templates(scenario)["finish"]["resource"]["successCondition"] == (
+        "status.completionTime"
+    )
+    assert "timeout" not in templates(scenario)["finish"], "the Job's own deadline bounds a run"
+
+
+# ----------------------------------------------------------------------------- stage Jobs
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_collect_is_an_indexed_job_with_per_index_retries(scenario):
-    values = deep_merge(helm.Chart.load(CHART).values, scenario_values(scenario))
+    values = effective_values(scenario)
     shards = values["stages"]["collect"]["shards"]
     spec = stage_jobs(scenario)["collect"]["spec"]
     assert spec["completionMode"] == "Indexed"
@@ -275,13 +361,12 @@ def test_collect_is_an_indexed_job_with_per_index_retries(scenario):
     assert "backoffLimit" not in spec
     assert spec["podReplacementPolicy"] == "Failed"
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
-    assert rules[1]["action"] == "FailIndex"
-    assert rules[1]["onExitCodes"] == {
-        "containerName": "collect",
-        "operator": "In",
-        "values": [2, 3],
+    assert rules[0] == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
     }
+    assert rules[1]["action"] == "FailIndex"
+    assert rules[1]["onExitCodes"] == {"containerName": "main", "operator": "In", "values": [2, 3]}
     env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
     assert env["JOB_COMPLETION_COUNT"] == str(shards)
     if values["stages"]["collect"]["maxFailedIndexes"] is not None:
@@ -289,8 +374,8 @@ def test_collect_is_an_indexed_job_with_per_index_retries(scenario):
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_every_job_has_pool_gpus_deadlines_and_restricted_security(scenario):
-    values = deep_merge(helm.Chart.load(CHART).values, scenario_values(scenario))
+def test_every_job_has_placement_gpus_deadlines_and_restricted_security(scenario):
+    values = effective_values(scenario)
     for stage, job in stage_jobs(scenario).items():
         conf = values["stages"][stage]
         pool = values["pools"][conf["pool"]]
@@ -302,14 +387,15 @@ def test_every_job_has_pool_gpus_deadlines_and_restricted_security(scenario):
         if stage != "collect":
             assert spec["backoffLimit"] == conf["backoffLimit"]
             assert spec["podFailurePolicy"]["rules"][1]["action"] == "FailJob"
-        assert pod.get("nodeSelector", {}) == pool["nodeSelector"]
-        assert pod.get("tolerations", []) == pool["tolerations"]
+        selector = pool["nodeSelector"] if conf["nodeSelector"] is None else conf["nodeSelector"]
+        tolerations = pool["tolerations"] if conf["tolerations"] is None else conf["tolerations"]
+        assert pod.get("nodeSelector", {}) == selector
+        assert pod.get("tolerations", []) == tolerations
         assert container["resources"]["limits"]["nvidia.com/gpu"] == conf["gpus"]
-        assert container["command"] == ["python", "-m", f"jobs.{stage}"]
         image = values["images"]["train" if stage == "train" else "infer"]
         assert container["image"].startswith(image["repository"])
         if image["digest"]:
-            assert container["image"].endswith("@" + image["digest"])
+            assert container["image"] == f"{image['repository']}@{image['digest']}"
         assert pod["restartPolicy"] == "Never"
         assert pod["automountServiceAccountToken"] is False
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -320,24 +406,23 @@ def test_every_job_has_pool_gpus_deadlines_and_restricted_security(scenario):
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
         assert sc["capabilities"] == {"drop": ["ALL"]}
-        assert "add" not in sc["capabilities"]
         if stage in SANDBOX_STAGES:
             assert sc["seccompProfile"] == values["sandbox"]["seccompProfile"]
         else:
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-            assert sc["appArmorProfile"] == {"type": "RuntimeDefault"}
         labels = spec["template"]["metadata"]["labels"]
-        assert labels["workflows.argoproj.io/workflow"] == ARGO_SAMPLE["workflow.name"]
-        assert job["metadata"]["generateName"] == f"{ARGO_SAMPLE['workflow.name']}-{stage}-"
+        assert labels["workflows.argoproj.io/workflow"] == WORKFLOW_NAME
+        assert labels["codeq.io/round"] == ARGO_SAMPLE["inputs.parameters.round"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         assert mounts["/dev/shm"] == "dshm" and mounts["/etc/codeq"] == "config"
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["CODEQ_CONFIG_FILE"] == "/etc/codeq/config.yaml"
-        assert env["CODEQ_STORE__ROUND"] == ARGO_SAMPLE["workflow.parameters.round"]
+        assert env["CODEQ_STORE__ROUND"] == ARGO_SAMPLE["inputs.parameters.round"]
         assert env["CODEQ_STORE__RUN"] == ARGO_SAMPLE["workflow.parameters.run"]
         assert env["CODEQ_STORE__URI"] == values["store"]["uri"]
+        assert not [e for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
         if values["s3Credentials"]["mode"] == "secret":
             assert "s3-credentials" in volumes
             assert not [k for k in env if k.startswith("AWS_SECRET")], "keys only as a file"
@@ -346,19 +431,265 @@ def test_every_job_has_pool_gpus_deadlines_and_restricted_security(scenario):
             assert "AWS_SHARED_CREDENTIALS_FILE" not in env
 
 
-def test_pools_and_gpus_differ_per_stage_in_production_values():
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_argo_logs_finds_the_stage_container(scenario):
+    """`argo logs` lists the workflow's pods by label and reads the container named main."""
+    for stage, job in stage_jobs(scenario).items():
+        pod = job["spec"]["template"]
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["main"], stage
+        assert pod["metadata"]["labels"]["workflows.argoproj.io/workflow"] == WORKFLOW_NAME
+        rule = job["spec"]["podFailurePolicy"]["rules"][1]
+        assert rule["onExitCodes"]["containerName"] == "main"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_stages_start_through_the_image_entrypoint_so_sigterm_reaches_python(scenario):
+    values = effective_values(scenario)
+    for stage, job in stage_jobs(scenario).items():
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert "command" not in container, f"{stage}: a command would bypass the entrypoint"
+        assert container["args"] == ["python", "-m", f"jobs.{stage}"]
+        assert (
+            pod["terminationGracePeriodSeconds"]
+            == (values["jobs"]["terminationGracePeriodSeconds"])
+        )
+
+
+def test_cpu_stages_run_on_the_cpu_pool_and_gpu_stages_on_their_gpu_pools():
     jobs = stage_jobs("default")
-    selector = {s: j["spec"]["template"]["spec"]["nodeSelector"] for s, j in jobs.items()}
-    assert selector["train"] == {"codeq.io/pool": "train"}
-    assert selector["collect"] == selector["evaluate"] == {"codeq.io/pool": "infer"}
-    gpus = {
-        s: j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-        for s, j in jobs.items()
-    }
-    assert gpus["collect"] == gpus["train"] == gpus["evaluate"] == 1
-    irsa_train = stage_jobs("irsa")["train"]["spec"]["template"]["spec"]["containers"][0]
-    assert irsa_train["resources"]["requests"]["memory"] == "512Gi"
-    assert irsa_train["resources"]["limits"]["nvidia.com/gpu"] == 1
+    for stage, job in jobs.items():
+        pod = job["spec"]["template"]["spec"]
+        gpus = pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        tolerated = {t["key"] for t in pod.get("tolerations", [])}
+        if stage in CPU_STAGES:
+            assert pod["nodeSelector"] == {"codeq.io/pool": "cpu"}, stage
+            assert gpus == 0 and "nvidia.com/gpu" not in tolerated, stage
+        else:
+            assert gpus == 1 and "nvidia.com/gpu" in tolerated, stage
+    assert jobs["train"]["spec"]["template"]["spec"]["nodeSelector"] == {"codeq.io/pool": "train"}
+    for stage in ("collect", "evaluate"):
+        assert jobs[stage]["spec"]["template"]["spec"]["nodeSelector"] == {"codeq.io/pool": "infer"}
+    # The workflow's own pods (executors, round number, exit handler) stay off the GPU pools.
+    assert workflow_template("default")["spec"]["nodeSelector"] == {"codeq.io/pool": "cpu"}
+    # A stage can be placed on its own: the kueue scenario moves train by label.
+    train = stage_jobs("kueue")["train"]["spec"]["template"]["spec"]
+    assert train["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert train["priorityClassName"] == "batch-critical"
+
+
+def test_an_unknown_pool_fails_the_render_with_a_clear_message():
+    with pytest.raises(helm.HelmError, match='pool "h200" is not defined under `pools`'):
+        render_with("default", stages={"train": {"pool": "h200"}})
+
+
+def test_kind_pods_carry_no_node_selector():
+    """kind's one node has no pool labels: null removes the defaults (an empty map would not)."""
+    for stage, job in stage_jobs("kind").items():
+        assert "nodeSelector" not in job["spec"]["template"]["spec"], stage
+    assert "nodeSelector" not in workflow_template("kind")["spec"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_emptydir_sizes_are_per_stage_and_fit_the_stage_and_common_nodes(scenario):
+    values = effective_values(scenario)
+    for stage, job in stage_jobs(scenario).items():
+        pod = job["spec"]["template"]["spec"]
+        volumes = {v["name"]: v["emptyDir"] for v in pod["volumes"] if "emptyDir" in v}
+        disk = sum(parse_quantity(v["sizeLimit"]) for v in volumes.values() if "medium" not in v)
+        resources = pod["containers"][0]["resources"]
+        limit = parse_quantity(resources["limits"]["ephemeral-storage"])
+        assert disk <= limit, (
+            f"{stage}: emptyDirs of {disk / 1024**3:.0f}Gi, limit {limit / 1024**3:.0f}Gi"
+        )
+        shm = parse_quantity(volumes["dshm"]["sizeLimit"])
+        assert shm < parse_quantity(resources["limits"]["memory"]), stage
+        if scenario == "default":
+            request = parse_quantity(resources["requests"]["ephemeral-storage"])
+            assert request <= COMMON_NODE_EPHEMERAL_GI * 1024**3, stage
+            assert disk <= COMMON_NODE_EPHEMERAL_GI * 1024**3, stage
+        sizes = values["stages"][stage].get("volumes")
+        assert sizes, f"{stage}: sizes are per stage (stages.{stage}.volumes)"
+        assert {name: volumes[name]["sizeLimit"] for name in ("scratch", "tmp", "dshm")} == {
+            "scratch": sizes["scratch"],
+            "tmp": sizes["tmp"],
+            "dshm": sizes["shm"],
+        }
+
+
+def test_apparmor_is_only_set_where_asked_for():
+    """Nodes without AppArmor reject pods naming a RuntimeDefault or Localhost profile; sandbox
+    stages use Unconfined (accepted everywhere), the others none unless jobs.appArmorProfile."""
+    for stage, job in stage_jobs("default").items():
+        pod = job["spec"]["template"]["spec"]
+        sc = pod["containers"][0]["securityContext"]
+        assert "appArmorProfile" not in pod["securityContext"]
+        if stage in SANDBOX_STAGES:
+            assert sc["appArmorProfile"] == {"type": "Unconfined"}
+        else:
+            assert "appArmorProfile" not in sc, stage
+    for pod in helper_pods("default").values():
+        assert "appArmorProfile" not in pod["spec"]["containers"][0]["securityContext"]
+    irsa = stage_jobs("irsa")["pairs"]["spec"]["template"]["spec"]["containers"][0]
+    assert irsa["securityContext"]["appArmorProfile"] == {"type": "RuntimeDefault"}
+
+
+# ----------------------------------------------------------------------------- operator features
+
+
+def test_kueue_queue_and_priorities_are_optional():
+    for stage, job in stage_jobs("default").items():
+        labels = job["metadata"]["labels"]
+        assert not [k for k in labels if k.startswith("kueue.x-k8s.io/")], stage
+        assert "priorityClassName" not in job["spec"]["template"]["spec"]
+    for stage, job in stage_jobs("kueue").items():
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "codeq"
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
+        expected = "batch-critical" if stage == "train" else "batch-high"
+        assert job["spec"]["template"]["spec"]["priorityClassName"] == expected
+    assert templates("kueue")["collect-start"]["timeout"] == "12h"
+
+
+def test_huggingface_token_is_a_mounted_file():
+    for _stage, job in stage_jobs("kueue").items():
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HF_TOKEN_PATH"] == "/var/run/secrets/codeq/huggingface/token"
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "huggingface-token"]
+        assert volume["secret"]["secretName"] == "codeq-hf-token"
+        assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+        assert "HF_TOKEN" not in env
+    for job in stage_jobs("default").values():
+        env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert "HF_TOKEN_PATH" not in env
+
+
+def test_model_cache_is_mounted_read_only_in_every_stage():
+    (claim,) = [o for o in objects("kueue") if o["kind"] == "PersistentVolumeClaim"]
+    assert claim["metadata"]["name"] == "codeq-models"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for scenario, name in (("kueue", "codeq-models"), ("irsa", "codeq-models")):
+        for _stage, job in stage_jobs(scenario).items():
+            pod = job["spec"]["template"]["spec"]
+            (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
+            assert volume["persistentVolumeClaim"] == {"claimName": name, "readOnly": True}
+            (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models"]
+            assert mount["mountPath"] == "/models" and mount["readOnly"] is True
+    assert not [o for o in objects("irsa") if o["kind"] == "PersistentVolumeClaim"]
+    for job in stage_jobs("default").values():
+        assert "models" not in {v["name"] for v in job["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_model_download_job_fills_the_cache_once():
+    (job,) = [o for o in objects("kueue") if o["kind"] == "Job"]
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "post-install,post-upgrade"
+    assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["python", "/etc/codeq-scripts/download_models.py"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert json.loads(env["CODEQ_MODEL_REPOS"]) == [
+        "Qwen/Qwen2.5-Coder-7B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct@main",
+    ]
+    assert env["HF_TOKEN_PATH"] == "/var/run/secrets/codeq/huggingface/token"
+    (models,) = [m for m in container["volumeMounts"] if m["name"] == "models"]
+    assert "readOnly" not in models, "the download writes into the cache"
+    assert job["spec"]["template"]["metadata"]["labels"]["codeq.io/job"] == "true"
+    with pytest.raises(helm.HelmError, match="needs a cache"):
+        render_with("default", model={"download": {"enabled": True, "repos": ["a/b"]}})
+
+
+def test_model_download_script_puts_each_repository_under_models(tmp_path):
+    """The script shipped in the chart's ConfigMap, run with a recording stand-in for
+    huggingface_hub (the Hub itself is not reachable from tests)."""
+    import subprocess
+    import sys
+
+    (scripts,) = [o for o in objects("kueue") if o["metadata"]["name"] == "codeq-scripts"]
+    (tmp_path / "download_models.py").write_text(scripts["data"]["download_models.py"])
+    fake = tmp_path / "fake" / "huggingface_hub"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import json, os\n"
+        "def snapshot_download(repo_id, revision, local_dir):\n"
+        "    with open(os.environ['CALLS'], 'a') as f:\n"
+        "        f.write(json.dumps([repo_id, revision, local_dir]) + '\\n')\n"
+    )
+    calls = tmp_path / "calls.jsonl"
+
+    def run(repos: list[str]) -> subprocess.CompletedProcess:
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(tmp_path / "fake"),
+            "CODEQ_MODEL_REPOS": json.dumps(repos),
+            "MODELS_DIR": "/models",
+            "CALLS": str(calls),
+        }
+        return subprocess.run(
+            [sys.executable, str(tmp_path / "download_models.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+
+    assert run(["Qwen/Qwen2.5-Coder-7B-Instruct", "org/m@v1.0"]).returncode == 0
+    assert [json.loads(line) for line in calls.read_text().splitlines()] == [
+        ["Qwen/Qwen2.5-Coder-7B-Instruct", None, "/models/Qwen/Qwen2.5-Coder-7B-Instruct"],
+        ["org/m", "v1.0", "/models/org/m"],
+    ]
+    escaped = run(["../etc"])
+    assert escaped.returncode != 0 and "not a Hugging Face repository id" in escaped.stderr
+
+
+@pytest.mark.parametrize("report_to", ["wandb", "mlflow"])
+def test_experiment_tracking_reaches_the_train_stage_only(report_to):
+    extra = {"tracking": {"reportTo": report_to, "existingSecret": "tracking", "env": {"K": "v"}}}
+    jobs = stage_jobs("default", json.dumps(extra))
+    for stage, job in jobs.items():
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        annotations = job["metadata"]["annotations"]
+        if stage == "train":
+            assert env["CODEQ_TRAIN__REPORT_TO"] == report_to and env["K"] == "v"
+            assert container["envFrom"] == [{"secretRef": {"name": "tracking"}}]
+            assert annotations["checkov.io/skip4"].startswith("CKV_K8S_35=")
+        else:
+            assert "CODEQ_TRAIN__REPORT_TO" not in env and "envFrom" not in container
+            assert "checkov.io/skip4" not in annotations
+    for job in stage_jobs("default").values():
+        env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert "CODEQ_TRAIN__REPORT_TO" not in env, "tracking is off by default"
+
+
+def test_the_tracking_setting_is_one_codeq_accepts(monkeypatch):
+    from codeq.config import load_config
+
+    for key in [k for k in os.environ if k.startswith("CODEQ_")]:
+        monkeypatch.delenv(key)
+    train = stage_jobs("kueue")["train"]["spec"]["template"]["spec"]["containers"][0]
+    (value,) = [e["value"] for e in train["env"] if e["name"] == "CODEQ_TRAIN__REPORT_TO"]
+    monkeypatch.setenv("CODEQ_TRAIN__REPORT_TO", value)
+    assert load_config(None).train.report_to == "wandb"
+
+
+def test_pinned_digests_replace_tags():
+    digest = "sha256:" + "ab" * 32
+    jobs = stage_jobs("default", json.dumps({"images": {"train": {"digest": digest}}}))
+    assert jobs["train"]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"ghcr.io/codeq/codeq-train@{digest}"
+    )
+    assert "checkov.io/skip1" not in jobs["train"]["metadata"]["annotations"]
+    assert jobs["collect"]["metadata"]["annotations"]["checkov.io/skip1"].startswith("CKV_K8S_43")
+    for job in stage_jobs("irsa").values():
+        assert "@sha256:" in job["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert "checkov.io/skip1" not in job["metadata"]["annotations"]
+
+
+# ----------------------------------------------------------------------------- other objects
 
 
 def test_identity_mode_annotates_the_service_account_and_creates_no_secret():
@@ -371,17 +702,27 @@ def test_identity_mode_annotates_the_service_account_and_creates_no_secret():
     assert sa["automountServiceAccountToken"] is False
 
 
-def test_network_policy_denies_by_default_and_allows_dns_and_s3():
-    (policy,) = [o for o in objects("default") if o["kind"] == "NetworkPolicy"]
-    spec = policy["spec"]
-    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
-    assert spec["podSelector"]["matchLabels"]["codeq.io/job"] == "true"
-    assert [p["port"] for p in spec["egress"][0]["ports"]] == [53, 53]
-    assert spec["egress"][1]["ports"] == [{"protocol": "TCP", "port": 443}]
-    assert "169.254.169.254/32" in spec["egress"][1]["to"][0]["ipBlock"]["except"]
+def test_network_policies_deny_by_default_and_allow_dns_s3_and_for_helpers_the_api():
+    policies = {
+        o["metadata"]["name"]: o["spec"] for o in objects("default") if o["kind"] == "NetworkPolicy"
+    }
+    jobs, helpers = policies["codeq-jobs"], policies["codeq-workflow"]
+    for spec in (jobs, helpers):
+        assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+        assert [p["port"] for p in spec["egress"][0]["ports"]] == [53, 53]
+        assert spec["egress"][1]["ports"] == [{"protocol": "TCP", "port": 443}]
+        assert "169.254.169.254/32" in spec["egress"][1]["to"][0]["ipBlock"]["except"]
+    assert len(jobs["egress"]) == 2, "stage pods never reach the Kubernetes API"
+    assert [p["port"] for p in helpers["egress"][2]["ports"]] == [443, 6443]
     job_labels = stage_jobs("default")["collect"]["spec"]["template"]["metadata"]["labels"]
-    assert spec["podSelector"]["matchLabels"].items() <= job_labels.items()
-    (kind_policy,) = [o for o in objects("kind") if o["kind"] == "NetworkPolicy"]
+    assert jobs["podSelector"]["matchLabels"].items() <= job_labels.items()
+    for pod in helper_pods("default").values():
+        assert helpers["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (kind_policy,) = [
+        o
+        for o in objects("kind")
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "codeq-jobs"
+    ]
     assert kind_policy["spec"]["egress"][1]["to"][0]["podSelector"] == {
         "matchLabels": {"app": "minio"}
     }
@@ -399,6 +740,9 @@ def test_workflow_rbac_is_namespaced_and_minimal():
         "workflowtasksets/status",
         "workflows",
     }
+    (jobs_rule,) = [r for r in role["rules"] if r["resources"] == ["jobs"]]
+    # apply = get + create/patch; the exit handler lists, patches and deletes.
+    assert {"create", "get", "list", "watch", "patch", "delete"} <= set(jobs_rule["verbs"])
     assert not [r for r in role["rules"] if "*" in r["verbs"] or "secrets" in r["resources"]]
 
 
@@ -408,12 +752,35 @@ def test_configmap_holds_a_config_codeq_accepts(scenario, tmp_path, monkeypatch)
 
     for key in [k for k in os.environ if k.startswith("CODEQ_")]:
         monkeypatch.delenv(key)
-    (cm,) = [o for o in objects(scenario) if o["kind"] == "ConfigMap"]
+    (cm,) = [o for o in objects(scenario) if o["metadata"]["name"] == "codeq-config"]
     path = tmp_path / "config.yaml"
     path.write_text(cm["data"]["config.yaml"])
     config = load_config(path)
-    values = deep_merge(helm.Chart.load(CHART).values, scenario_values(scenario))
-    assert config.policy.model == values["config"]["policy"]["model"]
+    assert config.policy.model == effective_values(scenario)["config"]["policy"]["model"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"stages": {"collect": {"shards": 0}}},
+        {"s3Credentials": {"mode": "env"}},
+        {"unknownTopLevel": 1},
+        {"pools": {"infer": {"gpuType": "h100"}}},
+        {"store": {"uri": "gs://bucket/x"}},
+        {"stages": {"prepare": {"volumes": {"scratch": "lots"}}}},
+        {"tracking": {"reportTo": "tensorboard"}},
+        {"workflow": {"startTimeout": "six hours"}},
+        {"model": {"download": {"repos": ["not-a-repo-id"]}}},
+    ],
+)
+def test_values_schema_rejects_bad_values(bad):
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema(deep_merge(chart.values, bad))
+
+
+def test_secret_mode_without_credentials_fails_with_a_clear_message():
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError, match="existingSecret"):
+        chart.render(values={}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_values_yaml_documents_every_value():
@@ -451,173 +818,21 @@ def test_values_yaml_documents_every_value():
     assert not undocumented, undocumented
 
 
-# ----------------------------------------------------------------------------- checkov
-
-
-def find_tool(name: str) -> str:
-    local = REPO / ".tools" / name / "bin" / name
-    found = str(local) if local.exists() else shutil.which(name)
-    if found:
-        return found
-    message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def run_checkov(directory: Path, framework: str) -> dict[str, Any]:
-    checkov = find_tool("checkov")
-    result = subprocess.run(
-        [
-            checkov,
-            "-d",
-            str(directory),
-            "--framework",
-            framework,
-            "-o",
-            "json",
-            "--compact",
-            "--skip-download",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false"},
-    )
-    if not result.stdout.strip():
-        pytest.fail(f"checkov produced no report (rc={result.returncode}): {result.stderr[-2000:]}")
-    report = json.loads(result.stdout)
-    reports = report if isinstance(report, list) else [report]
-    summary = {"passed": 0, "failed": 0, "skipped": 0, "failed_checks": [], "skipped_checks": []}
-    for rep in reports:
-        if "summary" not in rep:  # "no files found" style answers
-            continue
-        summary["passed"] += rep["summary"]["passed"]
-        summary["failed"] += rep["summary"]["failed"]
-        summary["skipped"] += rep["summary"]["skipped"]
-        summary["failed_checks"] += [
-            f"{c['check_id']} {c['resource']} {c['file_path']}"
-            for c in rep["results"].get("failed_checks", [])
-        ]
-        summary["skipped_checks"] += rep["results"].get("skipped_checks", [])
-    return summary
-
-
-@pytest.fixture(scope="session")
-def chart_checkov(tmp_path_factory):
-    """checkov once over every scenario's rendered objects plus the Jobs inside the
-    WorkflowTemplate (checkov cannot see into Argo resource templates by itself)."""
-    out = tmp_path_factory.mktemp("rendered")
-    for scenario in SCENARIOS:
-        for obj in objects(scenario):
-            name = f"{scenario}-{obj['kind']}-{obj['metadata']['name']}.yaml".lower()
-            (out / name).write_text(yaml.safe_dump(obj))
-        for stage, job in stage_jobs(scenario).items():
-            job = copy.deepcopy(job)
-            job["metadata"]["name"] = job["metadata"].pop("generateName") + "x"
-            (out / f"{scenario}-job-{stage}.yaml").write_text(yaml.safe_dump(job))
-    return run_checkov(out, "kubernetes")
-
-
-def test_checkov_passes_on_the_rendered_chart(chart_checkov):
-    assert chart_checkov["passed"] > 100
-    assert chart_checkov["failed"] == 0, chart_checkov["failed_checks"]
-
-
-def test_every_checkov_skip_carries_a_reason(chart_checkov):
-    """Skips live as `checkov.io/skipN: CHECK=reason` annotations on the rendered Jobs; checkov
-    drops the reason from its report, so the reasons are read from the manifests themselves."""
-    reasons: dict[str, set[str]] = {}
-    for scenario in SCENARIOS:
-        for job in stage_jobs(scenario).values():
-            for key, value in job["metadata"].get("annotations", {}).items():
-                if key.startswith("checkov.io/skip"):
-                    check, _, reason = value.partition("=")
-                    assert len(reason.strip()) > 40, value
-                    reasons.setdefault(check, set()).add(reason)
-    skipped = {c["check_id"] for c in chart_checkov["skipped_checks"]}
-    assert skipped, "expected the documented sandbox/tag skips"
-    assert skipped <= set(reasons), skipped - set(reasons)
-    assert skipped == {"CKV_K8S_43", "CKV_K8S_31", "CKV_K8S_15"}
-
-
-# ----------------------------------------------------------------------------- Argo conditions
-
-
-def gjson_get(document: Any, path: str) -> Any:
-    """The subset of gjson paths the conditions use: dotted keys and numeric array indexes."""
-    for part in path.split("."):
-        if isinstance(document, list) and part.isdigit() and int(part) < len(document):
-            document = document[int(part)]
-        elif isinstance(document, dict) and part in document:
-            document = document[part]
-        else:
-            return None
-    return document
-
-
-def condition_matches(condition: str, document: dict[str, Any]) -> bool:
-    """Argo evaluates resource conditions as Kubernetes label selectors over gjson lookups."""
-    matched = []
-    for requirement in re.split(r",(?![^()]*\))", condition):
-        requirement = requirement.strip()
-        if m := re.fullmatch(r"([\w./-]+) in \(([^)]*)\)", requirement):
-            value = gjson_get(document, m.group(1))
-            matched.append(value is not None and str(value) in m.group(2).split(","))
-        elif m := re.fullmatch(r"([\w./-]+) (==|!=|>|<) (\S+)", requirement):
-            value = gjson_get(document, m.group(1))
-            op, expected = m.group(2), m.group(3)
-            if op in (">", "<"):
-                matched.append(
-                    value is not None
-                    and (int(value) > int(expected) if op == ">" else int(value) < int(expected))
-                )
-            else:
-                matched.append((str(value) == expected) == (op == "=="))
-        elif re.fullmatch(r"[\w./-]+", requirement):
-            matched.append(gjson_get(document, requirement) is not None)
-        else:
-            raise AssertionError(f"unsupported requirement {requirement!r}")
-    return all(matched)
-
-
-@pytest.mark.parametrize(
-    ("status", "outcome"),
-    [
-        ({"active": 1, "startTime": "t"}, "waiting"),
-        (
-            {
-                "conditions": [
-                    {"type": "SuccessCriteriaMet", "status": "True"},
-                    {"type": "Complete", "status": "True"},
-                ],
-                "completionTime": "t",
-                "succeeded": 1,
-            },
-            "succeeded",
-        ),
-        (
-            {
-                "conditions": [
-                    {"type": "FailureTarget", "status": "True"},
-                    {"type": "Failed", "status": "True"},
-                ],
-                "failed": 3,
-            },
-            "failed",
-        ),
-        ({"conditions": [{"type": "Failed", "status": "True"}], "failed": 3}, "failed"),
-        ({"active": 2, "failed": 2, "failedIndexes": "1"}, "waiting"),
-    ],
-)
-def test_resource_conditions_follow_the_jobs_terminal_state(status, outcome):
-    resource = workflow_template("default")["spec"]["templates"][1]["resource"]
-    job = {"kind": "Job", "status": status}
-    failed = condition_matches(resource["failureCondition"], job)
-    succeeded = condition_matches(resource["successCondition"], job)
-    assert {"failed": (True, False), "succeeded": (False, True), "waiting": (False, False)}[
-        outcome
-    ] == (
-        failed,
-        succeeded,
-    )
+def test_notes_say_how_to_follow_read_logs_and_stop_a_round():
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render(
+            values=deep_merge(chart.values, scenario_values("default")),
+            name=RELEASE,
+            namespace=NAMESPACE,
+            is_install=True,
+        )["codeq/templates/NOTES.txt"]
+    for text in (
+        "argo submit -n codeq --from workflowtemplate/codeq-round",
+        "argo logs -n codeq",
+        "-l codeq.io/stage=",
+        "argo stop -n codeq",
+        "codeq.io/outcome=failed",
+        "argo delete",
+    ):
+        assert text in notes, text
+    assert "-p round=0" not in notes, "the round number defaults to the next one"

@@ -127,19 +127,62 @@ def test_locks_are_hashed_and_cover_pyproject_dependencies():
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_is_non_root_pinned_and_has_a_cpu_variant(dockerfile):
     text = dockerfile.read_text()
-    assert re.search(r"^FROM python:3\.11\.\d+-slim-bookworm$", text, flags=re.M)
+    # The base is a build argument whose default is pinned by digest.
+    assert re.search(
+        r"^ARG BASE_IMAGE\nFROM \$\{BASE_IMAGE:-python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}\}$",
+        text,
+        flags=re.M,
+    )
     assert re.search(r"^USER 10001:10001$", text, flags=re.M)
     assert "ARG VARIANT=cuda" in text
     assert "COPY images/requirements-${VARIANT}.lock" in text
     assert "--require-hashes" in text
+    # codeq itself is built with the locked setuptools/wheel and nothing fetched.
+    assert "--no-deps --no-index --no-build-isolation ." in text
+    # tini is PID 1, pinned, and runs the entrypoint.
+    assert re.search(r"^ARG TINI_VERSION=\d[\w.+~-]*$", text, flags=re.M)
+    assert '"tini=${TINI_VERSION}"' in text
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/codeq-entrypoint"]' in text
     for variant in ("cuda", "cpu"):
         assert LOCKS[variant].exists()
+
+
+def test_both_images_share_their_layers_up_to_the_dependencies():
+    """Same instructions up to and including the locked pip install: one build's cache serves
+    the other, and the two images hold the same Python packages."""
+
+    def prefix(path: Path) -> list[str]:
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+        end = next(i for i, line in enumerate(lines) if "-r /opt/codeq/requirements.lock" in line)
+        return lines[: end + 1]
+
+    assert prefix(DOCKERFILES[0]) == prefix(DOCKERFILES[1])
+
+
+def test_locks_hold_the_build_dependencies():
+    for variant, path in LOCKS.items():
+        assert {"pip", "setuptools", "wheel"} <= set(locked(path)), variant
+
+
+def test_secrets_and_local_wheels_stay_out_of_the_layers():
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        assert "--mount=type=secret,id=extra-ca" in text
+        assert "--mount=type=tmpfs,target=/tmp" in text
+        assert "--mount=type=bind,source=images/wheelhouse,target=/wheelhouse" in text
+        assert "ca-certificates" not in "".join(re.findall(r"^COPY .*$", text, flags=re.M))
+    assert "/images/wheelhouse/*.whl" in (REPO / ".gitignore").read_text()
 
 
 def test_infer_image_pins_runsc_and_train_image_has_none():
     infer = (REPO / "Dockerfile.infer").read_text()
     match = re.search(r"^ARG RUNSC_VERSION=(\S+)$", infer, flags=re.M)
-    assert match and re.fullmatch(r"0\.0~\d{8}\.\d+-\d+(\+b\d+)?", match.group(1))
+    assert match
+    version = re.fullmatch(r"0\.0~(\d{8})\.\d+-\d+(~bpo12\+\d+)?(\+b\d+)?", match.group(1))
+    assert version and version.group(1) >= "20240729", "runsc older than 2024 fails nested"
+    assert "Suites: bookworm-backports" in infer
+    assert re.search(r"^ARG RUNSC_SHA256=[0-9a-f]{64}$", infer, flags=re.M)
+    assert "sha256sum --check --strict" in infer
     assert '"runsc=${RUNSC_VERSION}"' in infer
     assert "runsc" not in (REPO / "Dockerfile.train").read_text().replace("runsc is left out", "")
 
@@ -227,3 +270,86 @@ def test_rootless_runsc_runs_with_the_charts_restrictions():
     shutil.rmtree(scratch, ignore_errors=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "inside-gvisor" in result.stdout
+
+
+def seccomp_generator():
+    import importlib.util
+
+    path = REPO / "images" / "seccomp" / "make_profile.py"
+    spec = importlib.util.spec_from_file_location("make_profile", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sandbox_seccomp_profile_is_the_default_plus_what_runsc_needs():
+    """One file for the chart and the tests: the runtime default resolved for a container without
+    capabilities, plus exactly the syscalls rootless runsc needs (each one shown necessary in
+    images/README.md), and none of the CAP_SYS_ADMIN family besides."""
+    profile = json.loads((REPO / "images" / "seccomp" / "codeq-sandbox.json").read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert {a["architecture"] for a in profile["archMap"]} == {
+        "SCMP_ARCH_X86_64",
+        "SCMP_ARCH_AARCH64",
+    }
+    rules = profile["syscalls"]
+    assert not any("includes" in rule or "excludes" in rule for rule in rules)
+    *default, added = rules
+    assert added["names"] == ["chroot", "clone", "mount", "pivot_root", "umount2"]
+    assert added["names"] == seccomp_generator().SANDBOX_SYSCALLS
+    assert added["action"] == "SCMP_ACT_ALLOW" and "args" not in added
+    allowed = {
+        name
+        for rule in rules
+        if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")
+        for name in rule["names"]
+    }
+    never = {"unshare", "setns", "bpf", "open_tree", "move_mount", "fsopen", "fsmount"}
+    never |= {"mount_setattr", "perf_event_open", "init_module", "finit_module", "kexec_load"}
+    never |= {"reboot", "keyctl", "add_key", "request_key", "userfaultfd", "syslog", "acct"}
+    assert not allowed & never, allowed & never
+    (clone3,) = [rule for rule in default if rule["names"] == ["clone3"]]
+    assert clone3["action"] == "SCMP_ACT_ERRNO" and clone3["errnoRet"] == 38  # ENOSYS: clone
+    assert len(allowed) > 300  # the default allowlist is there
+
+
+def test_seccomp_generator_resolves_capability_and_architecture_conditions():
+    default = {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": 1,
+        "archMap": [
+            {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": []},
+            {"architecture": "SCMP_ARCH_S390X", "subArchitectures": []},
+        ],
+        "syscalls": [
+            {"names": ["read"], "action": "SCMP_ACT_ALLOW", "includes": {}, "excludes": {}},
+            {"names": ["mount"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["X"]}},
+            {"names": ["s390_x"], "action": "SCMP_ACT_ALLOW", "includes": {"arches": ["s390x"]}},
+            {
+                "names": ["arch_prctl"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"arches": ["amd64"]},
+            },
+            {
+                "names": ["clone3"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": 38,
+                "excludes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+        ],
+    }
+    resolved = seccomp_generator().resolve(default)
+    assert [rule["names"] for rule in resolved["syscalls"]] == [
+        ["read"],
+        ["arch_prctl"],
+        ["clone3"],
+        seccomp_generator().SANDBOX_SYSCALLS,
+    ]
+    assert resolved["syscalls"][2] == {
+        "names": ["clone3"],
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": 38,
+    }
+    assert [a["architecture"] for a in resolved["archMap"]] == ["SCMP_ARCH_X86_64"]
+    assert resolved["defaultErrnoRet"] == 1

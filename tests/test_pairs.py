@@ -112,17 +112,20 @@ def test_degenerate_duplicate_and_invalid_pairs_are_dropped_and_counted() -> Non
         [
             node(0, None, "", 0.0),
             node(1, 0, "def f():\n    return 1", 1.0),
-            node(2, 0, "def f():  \n\treturn   1\n", 0.0),  # same after whitespace normalization
+            node(2, 0, "def f():  \n\treturn   1  # one\n", 0.0),  # the same syntax tree
             node(3, 0, "", 0.0, valid=False),
             node(4, 0, "garbage", 0.9, valid=False),
         ]
     )
+    # raw completions that differ only in prose around the same program are degenerate too
+    tree.nodes[2].completion = "Fixed it:\n```python\n" + tree.nodes[2].program + "```"
     pairs, stats = build_pairs([tree], config())
     assert all(p.chosen.strip() != "" for p in pairs)
     assert stats["dropped"]["degenerate"] == 1
     assert stats["dropped"]["both_invalid"] == 1  # node 4 vs node 3
     assert stats["dropped"]["chosen_invalid"] == 1  # invalid node 4 over valid node 2
     assert [(p.chosen, p.rejected) for p in pairs] == [("def f():\n    return 1", "")]
+    assert stats["dropped"]["unseen_prompt"] == 0
     # the same tree again (e.g. a re-collected shard) adds only duplicates
     again, stats_again = build_pairs([tree, tree], config())
     assert len(again) == len(pairs)
@@ -157,3 +160,41 @@ def test_make_pairs_reads_shard_folders_and_writes_pairs_and_stats(tmp_path) -> 
     assert saved["by_level"] == {"easy": 1, "hard": 1}
     with pytest.raises(BadInputError):
         make_pairs([tmp_path / "empty"], tmp_path / "out2", load_config())
+
+
+def test_siblings_refining_a_program_that_passes_the_examples_are_left_out() -> None:
+    from codeq.policy.prompts import feedback_text
+
+    asked_past_examples = [*PROMPT_A, ChatMessage(role="user", content=feedback_text([]))]
+    tree = trajectory(
+        [
+            node(0, None, "", 0.0),
+            node(1, 0, "passes the examples", 0.5),
+            node(2, 1, "fixed for good", 1.0, prompt=asked_past_examples),
+            node(3, 1, "broke it", 0.0, prompt=asked_past_examples),
+            node(4, 1, "also broke it", 0.0, prompt=asked_past_examples),
+        ]
+    )
+    pairs, stats = build_pairs([tree], config())
+    assert pairs == []
+    assert stats["dropped"]["unseen_prompt"] == 3
+
+
+def test_pairs_record_the_policy_and_refuse_trajectories_of_two_policies(tmp_path) -> None:
+    from codeq.errors import CorruptInputError
+    from codeq.schemas import AdapterLink, Lineage
+
+    base = Lineage(base_model="smollm2", base_sha256="a" * 64)
+    later = base.extended(AdapterLink(round=0, sha256="b" * 64, source="runs/r/round-0/adapter"))
+    nodes = [node(0, None, "", 0.0), node(1, 0, "good", 1.0), node(2, 0, "bad", 0.0)]
+    first = trajectory(nodes, task_id="t1").model_copy(update={"policy": later})
+    second = trajectory(nodes, task_id="t2").model_copy(update={"policy": later})
+    write_jsonl(tmp_path / "one.jsonl", [first, second])
+    stats = make_pairs([tmp_path / "one.jsonl"], tmp_path / "out", load_config())
+    assert stats["policy"] == later.model_dump()
+    written = read_jsonl(tmp_path / "out" / "pairs.jsonl", Pair)
+    assert written and all(pair.policy == later for pair in written)
+    mixed = second.model_copy(update={"policy": base})
+    write_jsonl(tmp_path / "two.jsonl", [first, mixed])
+    with pytest.raises(CorruptInputError, match="2 different policies"):
+        make_pairs([tmp_path / "two.jsonl"], tmp_path / "out2", load_config())

@@ -14,6 +14,7 @@ from codeq import cli
 from codeq.config import load_config
 from codeq.schemas import Task, read_jsonl
 from codeq.tasks import score_programs, split_by_slug
+from codeq.tasks.pipeline import SPLITS
 
 
 @pytest.fixture(scope="module")
@@ -45,28 +46,29 @@ def _check_usable(tasks: list[Task], sandbox, hidden_per_task: int = 5) -> None:
     assert not any(v.passed for v in buggy)
 
 
-def _train_test(out: Path) -> tuple[list[Task], list[Task]]:
-    return read_jsonl(out / "train.jsonl", Task), read_jsonl(out / "test.jsonl", Task)
+def _splits(out: Path) -> tuple[list[Task], list[Task], list[Task]]:
+    return tuple(read_jsonl(out / f"{name}.jsonl", Task) for name in SPLITS)  # type: ignore[return-value]
 
 
 def test_builtin_prepare_is_usable_split_and_deterministic(tmp_path: Path, sandbox) -> None:
     report = _prepare("builtin", tmp_path / "a")
-    train, test = _train_test(tmp_path / "a")
-    assert report["usable"] == len(train) + len(test) == report["unique"] - report["dropped"]
+    train, validation, test = _splits(tmp_path / "a")
+    usable = len(train) + len(validation) + len(test)
+    assert report["usable"] == usable == report["unique"] - report["dropped"]
     assert report["usable"] >= 14
-    assert test and train
-    assert not {t.slug for t in train} & {t.slug for t in test}
-    assert report["test"]["slugs"] == sorted({t.slug for t in test})
+    assert test and validation and train
+    slugs = [{t.slug for t in split} for split in (train, validation, test)]
+    assert not slugs[0] & slugs[1] and not slugs[0] & slugs[2] and not slugs[1] & slugs[2]
+    assert report["test"]["slugs"] == sorted(slugs[2])
+    assert report["validation"]["slugs"] == sorted(slugs[1])
     assert set(report["by_category"]) == {"syntax", "reference", "logic", "multiple"}
     assert sum(report["by_level"].values()) == report["usable"]
-    _check_usable(train + test, sandbox)
+    _check_usable(train + validation + test, sandbox)
     _prepare("builtin", tmp_path / "b")
-    assert (tmp_path / "a" / "train.jsonl").read_text() == (
-        tmp_path / "b" / "train.jsonl"
-    ).read_text()
-    assert (tmp_path / "a" / "test.jsonl").read_text() == (
-        tmp_path / "b" / "test.jsonl"
-    ).read_text()
+    for name in SPLITS:
+        assert (tmp_path / "a" / f"{name}.jsonl").read_text() == (
+            tmp_path / "b" / f"{name}.jsonl"
+        ).read_text()
 
 
 def _fake_tasks(n_slugs: int, per_slug: int = 3) -> list[Task]:
@@ -101,18 +103,27 @@ def read_jsonl_builtin_one() -> Task:
     return _ONE[0]
 
 
-@pytest.mark.parametrize(("n_slugs", "fraction"), [(2, 0.15), (13, 0.15), (100, 0.15), (100, 0.5)])
-def test_split_by_slug_has_no_overlap_and_a_test_side(n_slugs: int, fraction: float) -> None:
+@pytest.mark.parametrize(
+    ("n_slugs", "test_fraction", "validation_fraction"),
+    [(2, 0.15, 0.0), (3, 0.15, 0.15), (13, 0.15, 0.15), (100, 0.15, 0.15), (100, 0.5, 0.2)],
+)
+def test_split_by_slug_is_disjoint_and_seeded(
+    n_slugs: int, test_fraction: float, validation_fraction: float
+) -> None:
     tasks = _fake_tasks(n_slugs)
-    train, test = split_by_slug(tasks, seed=42, test_fraction=fraction)
-    train_slugs, test_slugs = {t.slug for t in train}, {t.slug for t in test}
-    assert not train_slugs & test_slugs
-    assert train_slugs | test_slugs == {t.slug for t in tasks}
-    assert len(test_slugs) == max(1, round(fraction * n_slugs))
-    assert split_by_slug(tasks, seed=42, test_fraction=fraction) == (train, test)
+    splits = split_by_slug(tasks, 42, test_fraction, validation_fraction)
+    train, validation, test = ({t.slug for t in split} for split in splits)
+    assert not train & validation and not train & test and not validation & test
+    assert train | validation | test == {t.slug for t in tasks}
+    assert train
+    assert len(test) == max(1, round(test_fraction * n_slugs))
+    expected_validation = max(1, round(validation_fraction * (n_slugs - len(test))))
+    assert len(validation) == (expected_validation if validation_fraction else 0)
+    assert split_by_slug(tasks, 42, test_fraction, validation_fraction) == splits
     if n_slugs >= 13:
-        other = split_by_slug(tasks, seed=7, test_fraction=fraction)[1]
-        assert {t.slug for t in other} != test_slugs
+        other = split_by_slug(tasks, 7, test_fraction, validation_fraction)
+        assert {t.slug for t in other[2]} != test
+        assert {t.slug for t in other[1]} != validation
 
 
 def test_prepare_bad_source_exits_2(tmp_path: Path, capsys) -> None:
@@ -140,13 +151,15 @@ def test_debugbench_sample_is_mostly_usable(debugbench_dir: Path, tmp_path: Path
     clone = _sample_clone(debugbench_dir, tmp_path / "clone", keep_one_in=6, seed=3)
     out = tmp_path / "tasks"
     report = _prepare(str(clone), out, "--seed", "5", "--test-fraction", "0.2")
-    train, test = _train_test(out)
+    train, validation, test = _splits(out)
     assert report["usable_fraction"] >= 0.85, report["dropped_by_reason"]
     assert report["dropped"] == sum(report["dropped_by_reason"].values())
     assert report["unique"] == report["usable"] + report["dropped"]
-    assert not {t.slug for t in train} & {t.slug for t in test}
+    assert validation and test
+    slugs = [{t.slug for t in split} for split in (train, validation, test)]
+    assert not slugs[0] & slugs[1] and not slugs[0] & slugs[2] and not slugs[1] & slugs[2]
     per_category = defaultdict(int)
-    for task in train + test:
+    for task in train + validation + test:
         per_category[task.category] += 1
     assert per_category == report["by_category"]
-    _check_usable(train + test, sandbox)
+    _check_usable(train + validation + test, sandbox)

@@ -16,9 +16,10 @@ from codeq.sandbox.server import READY_CHILDREN
 from tests.sandbox_attacks.helpers import (
     BACKENDS,
     assert_still_healthy,
-    descendants,
+    leftover_host_processes,
     passes,
     request,
+    runsc_role,
     small_config,
 )
 
@@ -58,31 +59,14 @@ def solve():
 """
 
 
-def host_processes() -> dict[int, str]:
-    # gVisor backs each sandboxed address space with a host stub process (empty command line)
-    # that it pools and reuses; those are the sandbox's own, checked from inside instead.
-    return {pid: command for pid, command in descendants().items() if command}
-
-
 @pytest.fixture
 def unharmed(sandbox):
     """After the attack: the sandbox still answers correctly and no process of the program is
     left, neither on the host nor inside gVisor."""
     yield
     assert_still_healthy(sandbox)
-    # Per worker: the server, its spawner and the children ready for the next runs
-    # (subprocess), or runsc, its gofer and its sandbox (gVisor). Anything more is a process the
-    # program left behind.
-    allowed = sandbox.workers * (3 if sandbox.backend == "gvisor" else 2 + READY_CHILDREN)
-    # A process that really survived stays for the whole window; a child the spawner is
-    # forking for the pool, or one it is still reaping, shows up only for a moment.
-    # So take one snapshot at a time and judge that same snapshot.
-    deadline = time.monotonic() + 10
-    remaining = host_processes()
-    while len(remaining) > allowed and time.monotonic() < deadline:
-        time.sleep(0.05)
-        remaining = host_processes()
-    assert len(remaining) <= allowed, f"processes survived the run: {remaining}"
+    left = leftover_host_processes(sandbox)
+    assert not left, f"processes survived the run: {left}"
     if sandbox.backend == "gvisor":
         # Inside gVisor only the server (pid 1), the spawner and the ready children (the pool
         # refilled for the prober's own run) may exist besides the prober.
@@ -354,3 +338,53 @@ def solve():
     assert result.status in ("killed", "memory", "ok", "timeout")
     if result.status == "ok":
         assert result.calls[0] is not None and not result.calls[0].ok
+
+
+# ----------------------------------------------------------------- the leftover check can fail
+
+
+def test_the_leftover_check_reports_a_process_left_on_the_host(sandbox):
+    """What `unharmed` guards, shown to fail: a process below us that is none of the workers'
+    own (as a program's child that escaped the sandbox would be) is reported."""
+    import subprocess
+
+    assert leftover_host_processes(sandbox, window_s=5.0) == {}
+    stray = subprocess.Popen(["sleep", "60"])
+    try:
+        left = leftover_host_processes(sandbox, window_s=1.0)
+        assert stray.pid in left, left
+    finally:
+        stray.kill()
+        stray.wait()
+    assert leftover_host_processes(sandbox, window_s=5.0) == {}
+
+
+def test_the_leftover_check_reports_a_runsc_more_than_the_workers(sandbox):
+    """A runsc left running by a replaced worker is reported, though all its processes are
+    runsc's own: no role may occur more often than there are workers."""
+    if sandbox.backend != "gvisor":
+        pytest.skip("runsc roles only exist with the gvisor backend")
+    with Sandbox(small_config("gvisor", workers=1)) as extra:
+        assert_still_healthy(extra)
+        left = leftover_host_processes(sandbox, window_s=1.0)
+        assert {runsc_role(command) for command in left.values()} >= {"do", "gofer", "sandbox"}
+    assert leftover_host_processes(sandbox, window_s=5.0) == {}
+
+
+@pytest.mark.parametrize(
+    ("command", "role"),
+    [
+        ("/usr/bin/runsc --rootless --network=none do --quiet /usr/bin/python3 -S s.py", "do"),
+        ("/proc/self/exe --rootless --network=none do --quiet /usr/bin/python3 -S s.py", "re-exec"),
+        (
+            "runsc-gofer --rootless=true --root=/tmp/runsc-do1 gofer --bundle=/tmp/runsc-do1",
+            "gofer",
+        ),
+        ("runsc-sandbox --root=/tmp/runsc-do1 --rootless=true boot --bundle=/tmp/x", "sandbox"),
+        ("/usr/bin/python3 -c import time; time.sleep(60)", None),
+        ("sleep 60", None),
+        ("/proc/self/exe --version", None),
+    ],
+)
+def test_runsc_roles_of_both_debian_versions(command, role):
+    assert runsc_role(command) == role

@@ -180,7 +180,7 @@ class LocalPod:
         return env
 
     def run(self, extra_env: dict[str, str], log: Path) -> int:
-        command = [*self.container["command"], *self.container.get("args", [])]
+        command = [*self.container.get("command", []), *self.container.get("args", [])]
         assert command[0] == "python", command
         command[0] = sys.executable
         with log.open("w") as out:
@@ -220,11 +220,12 @@ def run_round(
     (workflow_template,) = [o for o in objects if o["kind"] == "WorkflowTemplate"]
     templates = {t["name"]: t for t in workflow_template["spec"]["templates"]}
     order = dag_order(workflow_template)
-    assert order == STAGES
-    table = {**WORKFLOW, "workflow.parameters.round": str(round_number)}
+    assert order == ["resolve-round", *STAGES]
+    # resolve-round's output (tests/test_helm.py runs that step) is every stage's round input.
+    table = {**WORKFLOW, "inputs.parameters.round": str(round_number)}
     ran, pods = [], {}
-    for stage in order:
-        manifest = substitute(templates[stage]["resource"]["manifest"], table)
+    for stage in STAGES:
+        manifest = substitute(templates[f"{stage}-start"]["resource"]["manifest"], table)
         job = yaml.safe_load(manifest)
         spec = job["spec"]
         indexes = range(spec["completions"]) if spec.get("completionMode") == "Indexed" else [None]

@@ -11,7 +11,9 @@ from codeq.config import EVAL_MODES
 
 def command(
     tasks: Path = typer.Argument(
-        ..., help="test.jsonl (or the tasks folder) from `codeq prepare`.", metavar="TASKS"
+        ...,
+        help="test.jsonl or validation.jsonl (or the tasks folder: its test.jsonl).",
+        metavar="TASKS",
     ),
     out: Path | None = out_option("eval", "results.json"),
     adapter: Path | None = key_option(
@@ -44,6 +46,7 @@ def command(
 ) -> None:
     """Score every mode on the same held-out tasks with hidden tests; writes OUT/results.json."""
     from codeq.evaluate import evaluate
+    from codeq.evaluate.results import Split
 
     config = config_with(
         {
@@ -56,9 +59,10 @@ def command(
         }
     )
     folder = out_dir(out, config, "eval")
-    results = evaluate(tasks, folder, config, adapter=adapter)
+    split: Split = "validation" if tasks.name.startswith("validation") else "test"
+    results = evaluate(tasks, folder, config, split=split, adapter=adapter)
     summary = {
-        mode: {key: stats[key] for key in ("n", "solved", "solve_rate", "ci_low", "ci_high")}
-        for mode, stats in results["modes"].items()
+        mode: stats.model_dump(include={"n", "solved", "solve_rate", "ci_low", "ci_high"})
+        for mode, stats in results.modes.items()
     }
     typer.echo(json.dumps({"out": str(folder / "results.json"), "modes": summary}))

@@ -18,7 +18,9 @@ def command(
         "'builtin' (tasks shipped with codeq).",
         metavar="SOURCE",
     ),
-    out: Path | None = out_option("tasks", "train.jsonl, test.jsonl and report.json"),
+    out: Path | None = out_option(
+        "tasks", "train.jsonl, validation.jsonl, test.jsonl and report.json"
+    ),
     seed: int | None = key_option(
         "tasks.seed", "--seed", help="Split and hidden-test synthesis seed.", metavar="N"
     ),
@@ -38,6 +40,7 @@ def command(
 ) -> None:
     """Build executable tasks from DebugBench: dedup, hidden tests, split by problem."""
     from codeq.tasks import prepare
+    from codeq.tasks.pipeline import SPLITS
 
     config = config_with(
         {
@@ -55,11 +58,9 @@ def command(
         key: report[key]
         for key in ("items_read", "unique", "usable", "usable_fraction", "dropped_by_reason")
     }
-    summary["train_tasks"] = report["train"]["tasks"]
-    summary["test_tasks"] = report["test"]["tasks"]
+    for split in SPLITS:
+        summary[f"{split}_tasks"] = report[split]["tasks"]
     summary["seconds"] = report["seconds"]
     typer.echo(json.dumps(summary))
-    typer.echo(
-        f"wrote {folder / 'train.jsonl'}, {folder / 'test.jsonl'}, {folder / 'report.json'}",
-        err=True,
-    )
+    written = [str(folder / f"{split}.jsonl") for split in SPLITS] + [str(folder / "report.json")]
+    typer.echo(f"wrote {', '.join(written)}", err=True)

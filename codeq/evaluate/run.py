@@ -1,36 +1,47 @@
-"""Evaluation that cannot flatter us: every mode on the same test tasks, the search sees visible
-tests only, and exactly one final program per task is scored on the hidden tests.
+"""Evaluation that cannot flatter us: every mode on the same tasks, the search sees visible tests
+only, and exactly one returned program per task is scored on all its tests (visible and hidden:
+a program that fails a statement example is not a fix, whatever the hidden tests say).
 
 Modes: zero_shot (one greedy rewrite from a minimal prompt), full_rewrite (one greedy rewrite, agent
-prompt), mcts, bon. For mcts also: the rollout-budget ablation (the final program the search would
-have returned after b rollouts, from the nodes created by rollouts <= b; MCTS is sequential, so that
-prefix is exactly a budget-b search) and CodeQ's optimistic "any node passed" figure.
+prompt), mcts, bon. Budgets come from one run each, read at smaller budgets: MCTS limited to b
+rollouts is the final program from the nodes of rollouts <= b (MCTS is sequential, so that prefix
+is exactly a budget-b search); best-of-n is the best of the first n samples of one best-of-N run
+(each sample has its own seeded random stream, so those n are exactly a best-of-n run). Best-of-N
+is run with at least as many samples as the largest MCTS budget writes, so both can be compared
+at equal numbers of programs. CodeQ's optimistic "any node passed" figure is reported apart.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import BadInputError
+from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split
 from codeq.evaluate.stats import rate, summarize
-from codeq.schemas import Node, Task, Trajectory, read_jsonl, write_json, write_jsonl
+from codeq.progress import progress_bar
+from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
+from codeq.search.tree import final_answer
+
+log = logging.getLogger(__name__)
 
 SEARCH_MODE_OF = {"zero_shot": "plain", "full_rewrite": "greedy", "mcts": "mcts", "bon": "bon"}
 ANY_NODE_LABEL = (
     "CodeQ's optimistic any-node figure: a task counts as solved when ANY program in the MCTS "
-    "tree passes the hidden tests, i.e. an oracle picks the answer. Not comparable to solve_rate, "
+    "tree passes its tests, i.e. an oracle picks the answer. Not comparable to solve_rate, "
     "which scores the one program the search returns."
 )
 
 
-def load_test_tasks(tasks_path: str | Path, max_tasks: int | None) -> list[Task]:
+def load_eval_tasks(tasks_path: str | Path, split: Split, max_tasks: int | None) -> list[Task]:
+    """The tasks of `split` (a .jsonl file, or the tasks folder holding `<split>.jsonl`)."""
     path = Path(tasks_path)
     if path.is_dir():
-        path = path / "test.jsonl"
+        path = path / f"{split}.jsonl"
     tasks = read_jsonl(path, Task)
     if max_tasks is not None:
         tasks = tasks[:max_tasks]
@@ -39,32 +50,20 @@ def load_test_tasks(tasks_path: str | Path, max_tasks: int | None) -> list[Task]
     no_hidden = [task.task_id for task in tasks if not task.hidden_tests]
     if no_hidden:
         raise BadInputError(
-            f"{len(no_hidden)} test tasks have no hidden tests (e.g. {no_hidden[0]})",
+            f"{len(no_hidden)} {split} tasks have no hidden tests (e.g. {no_hidden[0]})",
             hint="evaluation scores on hidden tests; rebuild tasks with `codeq prepare`",
         )
     return tasks
 
 
-def reward_key(node: Node) -> tuple[float, float, int, int]:
-    """The search's own final-answer rule (codeq.search.tree.Tree.final_node): highest reward-test
-    pass fraction, then critique score, then shallower, then earlier."""
-    fraction = node.verdict.pass_fraction if node.verdict is not None else 0.0
-    return fraction, node.q_ai or 0.0, -node.depth, -node.id
+def rewrites_within_budget(trajectory: Trajectory, budget: int) -> list[Node]:
+    """MCTS: the rewrites created by rollouts <= budget."""
+    return [n for n in trajectory.nodes if n.parent is not None and n.rollout <= budget]
 
 
-def final_node_within_budget(trajectory: Trajectory, budget: int) -> Node:
-    """The program a search limited to `budget` rollouts would have returned."""
-    candidates = [
-        node
-        for node in trajectory.nodes
-        if node.parent is not None
-        and node.rollout <= budget
-        and node.valid
-        and node.verdict is not None
-    ]
-    if not candidates:
-        return trajectory.nodes[0]
-    return max(candidates, key=reward_key)
+def first_samples(trajectory: Trajectory, n: int) -> list[Node]:
+    """Best-of-N: the first n samples (node ids 1..n, in sampling order)."""
+    return [node for node in trajectory.nodes if node.parent is not None][:n]
 
 
 def final_program(trajectory: Trajectory) -> str:
@@ -72,18 +71,18 @@ def final_program(trajectory: Trajectory) -> str:
     return by_id[trajectory.final_node].program
 
 
-def hidden_pass(tasks: Sequence[Task], programs: Sequence[str], sandbox: Any) -> dict[str, bool]:
-    """Score one program per task on its hidden tests; task_id -> passed."""
+def fully_passed(tasks: Sequence[Task], programs: Sequence[str], sandbox: Any) -> dict[str, bool]:
+    """Score one program per task on all its tests (visible + hidden); task_id -> passed."""
     from codeq.tasks import score_programs
 
-    verdicts = score_programs(list(zip(tasks, programs, strict=True)), "hidden", sandbox)
+    verdicts = score_programs(list(zip(tasks, programs, strict=True)), "all", sandbox)
     return {task.task_id: verdict.passed for task, verdict in zip(tasks, verdicts, strict=True)}
 
 
 def any_node_passed(
     tasks: Sequence[Task], trajectories: Sequence[Trajectory], sandbox: Any
 ) -> dict[str, bool]:
-    """Whether any valid rewrite in each tree passes the hidden tests (each distinct program once)."""
+    """Whether any valid rewrite in each tree passes all its tests (each distinct program once)."""
     items: list[tuple[Task, str]] = []
     owners: list[str] = []
     for task, trajectory in zip(tasks, trajectories, strict=True):
@@ -94,17 +93,13 @@ def any_node_passed(
     from codeq.tasks import score_programs
 
     passed = dict.fromkeys((task.task_id for task in tasks), False)
-    for owner, verdict in zip(owners, score_programs(items, "hidden", sandbox), strict=True):
+    for owner, verdict in zip(owners, score_programs(items, "all", sandbox), strict=True):
         passed[owner] = passed[owner] or verdict.passed
     return passed
 
 
 def primary_mode(modes: Sequence[str]) -> str:
     return "mcts" if "mcts" in modes else modes[0]
-
-
-def _progress(message: str) -> None:
-    print(f"[evaluate] {message}", file=sys.stderr, flush=True)
 
 
 def _load_engine(config: CodeQConfig, adapter: str | Path | None) -> Any:
@@ -122,95 +117,154 @@ def evaluate(
     out_dir: str | Path,
     config: CodeQConfig,
     *,
+    split: Split = "test",
     adapter: str | Path | None = None,
     engine: Any = None,
     sandbox: Any = None,
-) -> dict[str, Any]:
-    """Run every configured mode on the same test tasks; write out_dir/results.json (and each
-    mode's trajectories) and return the results."""
+    policy: Lineage | None = None,
+) -> EvalResults:
+    """Run every configured mode on the same tasks of `split`; write out_dir/results.json (and
+    each mode's trajectories) and return the results. `policy` records what was evaluated."""
     from codeq.sandbox import Sandbox
 
     out_dir = Path(out_dir)
-    tasks = load_test_tasks(tasks_path, config.evaluate.max_tasks)
+    tasks = load_eval_tasks(tasks_path, split, config.evaluate.max_tasks)
     if engine is None:
         engine = _load_engine(config, adapter)
+    run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy)
     if sandbox is None:
         with Sandbox(config.sandbox) as owned_sandbox:
-            return _evaluate_with(tasks, out_dir, config, engine, owned_sandbox, adapter)
-    return _evaluate_with(tasks, out_dir, config, engine, sandbox, adapter)
+            return run.all_modes(owned_sandbox)
+    return run.all_modes(sandbox)
 
 
-def _evaluate_with(
-    tasks: list[Task],
-    out_dir: Path,
-    config: CodeQConfig,
-    engine: Any,
-    sandbox: Any,
-    adapter: str | Path | None,
-) -> dict[str, Any]:
-    from codeq.search import run_search
+class _Evaluation:
+    """One policy on one split: each mode searched, its returned programs scored."""
 
-    confidence = config.evaluate.confidence
-    modes = list(dict.fromkeys(config.evaluate.modes))
-    results: dict[str, Any] = {
-        "model": config.policy.model,
-        "adapter": str(adapter) if adapter is not None else config.policy.adapter,
-        "task_ids": [task.task_id for task in tasks],
-        "primary_mode": primary_mode(modes),
-        "confidence": confidence,
-        "hidden_tests_only": True,
-        "search_reward_tests": "visible",
-        "modes": {},
-    }
-    budgets = sorted(set(config.evaluate.rollout_ablation))
-    for mode in modes:
+    def __init__(
+        self,
+        tasks: list[Task],
+        out_dir: Path,
+        config: CodeQConfig,
+        engine: Any,
+        split: Split,
+        adapter: str | Path | None,
+        policy: Lineage | None,
+    ) -> None:
+        self.tasks, self.out_dir, self.config, self.engine = tasks, out_dir, config, engine
+        self.split, self.adapter, self.policy = split, adapter, policy
+        self.budgets = sorted({*config.evaluate.rollout_ablation, config.search.rollouts})
+        rewrites = config.search.rewrites_per_expansion
+        self.bon_sizes = sorted({rewrites * b for b in self.budgets} | {config.search.bon_samples})
+
+    def all_modes(self, sandbox: Any) -> EvalResults:
+        modes = list(dict.fromkeys(self.config.evaluate.modes))
+        results = EvalResults(
+            model=self.config.policy.model,
+            adapter=str(self.adapter) if self.adapter is not None else self.config.policy.adapter,
+            policy=self.policy,
+            split=self.split,
+            task_ids=[task.task_id for task in self.tasks],
+            primary_mode=primary_mode(modes),
+            confidence=self.config.evaluate.confidence,
+            seed=self.config.search.seed,
+            modes={},
+        )
+        for mode in modes:
+            trajectories, seconds = self._search(mode, sandbox)
+            write_jsonl(self.out_dir / f"trajectories-{mode}.jsonl", trajectories)
+            if mode == "mcts":
+                self._add_mcts(results, trajectories, seconds, sandbox)
+            elif mode == "bon":
+                self._add_bon(results, trajectories, seconds, sandbox)
+            else:
+                picked = [[n for n in t.nodes if n.parent is not None] for t in trajectories]
+                results.modes[mode] = self._score(trajectories, picked, seconds, sandbox)
+            log.info(
+                "%s on %d %s tasks: solve rate %.3f",
+                mode,
+                len(self.tasks),
+                self.split,
+                results.modes[mode].solve_rate,
+            )
+        results.save(self.out_dir / "results.json")
+        return results
+
+    def _search(self, mode: str, sandbox: Any) -> tuple[list[Trajectory], float]:
+        from codeq.search import run_search
+
         rollouts = None
         if mode == "mcts":
-            rollouts = max([config.search.rollouts, *budgets])
-        _progress(f"{mode}: searching {len(tasks)} tasks")
-        trajectories = run_search(
-            tasks,
-            engine,
-            sandbox,
-            config,
-            mode=SEARCH_MODE_OF[mode],
-            reward_tests="visible",
-            rollouts=rollouts,
+            rollouts = max(self.budgets)
+        elif mode == "bon":
+            rollouts = max(self.bon_sizes)
+        started = time.perf_counter()
+        with progress_bar(len(self.tasks), f"evaluate {mode} ({self.split})") as bar:
+            trajectories = run_search(
+                self.tasks,
+                self.engine,
+                sandbox,
+                self.config,
+                mode=SEARCH_MODE_OF[mode],
+                reward_tests="visible",
+                rollouts=rollouts,
+                on_trajectory=lambda _: bar.update(1),
+            )
+        return trajectories, time.perf_counter() - started
+
+    def _score(
+        self,
+        trajectories: list[Trajectory],
+        candidates: list[list[Node]],
+        seconds: float,
+        sandbox: Any,
+        **extra: Any,
+    ) -> ModeResult:
+        """Score the program each task returns when it may pick only from its `candidates`
+        (all its rewrites, or those of a smaller budget)."""
+        programs = [
+            final_answer(nodes, trajectory.nodes[0]).program
+            for trajectory, nodes in zip(trajectories, candidates, strict=True)
+        ]
+        solved = fully_passed(self.tasks, programs, sandbox)
+        written = sum(len(nodes) for nodes in candidates)
+        whole_run = written == sum(len(t.nodes) - 1 for t in trajectories)
+        cost: dict[str, Any] = {}
+        if whole_run:  # tokens and time are known for the whole search, not for its prefixes
+            cost = {
+                "completion_tokens": sum(t.completion_tokens for t in trajectories),
+                "prompt_tokens": sum(t.prompt_tokens for t in trajectories),
+                "seconds": round(seconds, 2),
+            }
+        return ModeResult(
+            **summarize(self.tasks, solved, self.config.evaluate.confidence),
+            programs=written / len(self.tasks),
+            **cost,
+            **extra,
         )
-        write_jsonl(out_dir / f"trajectories-{mode}.jsonl", trajectories)
-        if mode == "mcts":
-            _add_mcts_results(results, tasks, trajectories, config, sandbox, budgets)
-            continue
-        solved = hidden_pass(tasks, [final_program(t) for t in trajectories], sandbox)
-        results["modes"][mode] = summarize(tasks, solved, confidence)
-        _progress(f"{mode}: solve rate {results['modes'][mode]['solve_rate']:.3f}")
-    write_json(out_dir / "results.json", results)
-    return results
 
+    def _add_mcts(
+        self, results: EvalResults, trajectories: list[Trajectory], seconds: float, sandbox: Any
+    ) -> None:
+        for budget in self.budgets:
+            candidates = [rewrites_within_budget(t, budget) for t in trajectories]
+            results.mcts_rollout_ablation[str(budget)] = self._score(
+                trajectories, candidates, seconds, sandbox, rollouts=budget
+            )
+        results.modes["mcts"] = results.mcts_rollout_ablation[str(self.config.search.rollouts)]
+        passed = any_node_passed(self.tasks, trajectories, sandbox)
+        results.any_node_passed = AnyNodeResult(
+            label=ANY_NODE_LABEL,
+            **rate(sum(passed.values()), len(self.tasks), self.config.evaluate.confidence),
+            per_task=passed,
+        )
 
-def _add_mcts_results(
-    results: dict[str, Any],
-    tasks: list[Task],
-    trajectories: list[Trajectory],
-    config: CodeQConfig,
-    sandbox: Any,
-    budgets: list[int],
-) -> None:
-    confidence = config.evaluate.confidence
-    ablation: dict[str, Any] = {}
-    for budget in sorted({*budgets, config.search.rollouts}):
-        programs = [final_node_within_budget(t, budget).program for t in trajectories]
-        ablation[str(budget)] = summarize(tasks, hidden_pass(tasks, programs, sandbox), confidence)
-    results["modes"]["mcts"] = ablation[str(config.search.rollouts)]
-    results["modes"]["mcts"]["rollouts"] = config.search.rollouts
-    results["mcts_rollout_ablation"] = {str(b): ablation[str(b)] for b in budgets}
-    any_passed = any_node_passed(tasks, trajectories, sandbox)
-    results["any_node_passed"] = {
-        "label": ANY_NODE_LABEL,
-        **rate(sum(any_passed.values()), len(tasks), confidence),
-        "per_task": any_passed,
-    }
-    _progress(
-        f"mcts: solve rate {results['modes']['mcts']['solve_rate']:.3f} "
-        f"(any node passed: {results['any_node_passed']['solve_rate']:.3f})"
-    )
+    def _add_bon(
+        self, results: EvalResults, trajectories: list[Trajectory], seconds: float, sandbox: Any
+    ) -> None:
+        for size in self.bon_sizes:
+            candidates = [first_samples(t, size) for t in trajectories]
+            results.bon_ablation[str(size)] = self._score(
+                trajectories, candidates, seconds, sandbox, samples=size
+            )
+        results.modes["bon"] = results.bon_ablation[str(self.config.search.bon_samples)]

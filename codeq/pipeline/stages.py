@@ -9,19 +9,20 @@ compute in a local scratch folder, upload outputs with a manifest, and write its
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import BadInputError, CorruptInputError, MissingInputError, StoreError
-from codeq.schemas import Trajectory, read_jsonl, write_json, write_jsonl
+from codeq.errors import BadInputError, CorruptInputError, MissingInputError
+from codeq.evaluate.results import EvalResults, Rate, Split
+from codeq.pipeline.policies import current_policy, load_policy, policy_config, set_current
+from codeq.pipeline.round_state import require_previous_finished
+from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_json, write_jsonl
 from codeq.store import MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
 
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
-CURRENT_INFO = "CURRENT.json"
 
 
 @dataclass
@@ -31,7 +32,9 @@ class StageContext:
     config: CodeQConfig
     store: ArtifactStore
     scratch: Path
-    engines: dict[str, Any] = field(default_factory=dict)  # shared policy engines (local round)
+    engines: dict[str, Any] = field(default_factory=dict)  # lineage id -> loaded engine, shared
+    # by the stages of a local round ("collect" may name a stand-in policy for collect in tests)
+    lineages: dict[str, Lineage] = field(default_factory=dict)  # the base's, fingerprinted once
 
     @property
     def layout(self) -> RoundLayout:
@@ -63,18 +66,36 @@ def _finish(ctx: StageContext, prefix: str, stage: str, info: dict[str, Any]) ->
 
 def prepare_stage(ctx: StageContext, source: str | None = None) -> dict[str, Any]:
     from codeq.tasks import prepare
+    from codeq.tasks.pipeline import SPLITS
 
     prefix = ctx.layout.stage("tasks")
     done = _already_done(ctx, prefix, "prepare")
     if done:
         return done
+    require_previous_finished(ctx.store, ctx.layout)
     source = source or ctx.config.tasks.source
     out_dir = ctx.workdir("tasks")
     log(f"prepare: building tasks from {source}")
     report = prepare(source, out_dir, ctx.config)
+    _sample_train_tasks(ctx, out_dir / "train.jsonl", report)
     ctx.store.put_dir(prefix, out_dir)
-    counts = {name: _count_lines(out_dir / f"{name}.jsonl") for name in ("train", "test")}
+    counts = {name: _count_lines(out_dir / f"{name}.jsonl") for name in SPLITS}
     return _finish(ctx, prefix, "prepare", {"source": source, "tasks": counts, "report": report})
+
+
+def _sample_train_tasks(ctx: StageContext, train_path: Path, report: dict[str, Any]) -> None:
+    """Keep this round's sample of the train tasks (tasks.train_per_round), if one is set."""
+    from codeq.tasks.pipeline import round_sample
+
+    size = ctx.config.tasks.train_per_round
+    if size is None:
+        return
+    tasks = read_jsonl(train_path, Task)
+    sample = round_sample(tasks, size, ctx.config.tasks.seed, ctx.layout.round)
+    write_jsonl(train_path, sample)
+    report["train_this_round"] = len(sample)
+    write_json(train_path.with_name("report.json"), report)
+    log(f"prepare: round {ctx.layout.round} collects on {len(sample)} of {len(tasks)} train tasks")
 
 
 def _count_lines(path: Path) -> int:
@@ -100,9 +121,10 @@ def _download_tasks(ctx: StageContext) -> Path:
 
 
 def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1) -> dict[str, Any]:
-    """Search one shard of the train tasks. Each finished trajectory is uploaded at once as
-    `trajectories/shard-<i>/tasks/<task_id>.json`; a restarted pod downloads those first and
-    skips their tasks, so a kill at any point loses at most the task in flight."""
+    """Search one shard of the train tasks. The search hands each finished trajectory to the
+    stage, which uploads it at once as `trajectories/shard-<i>/tasks/<task_id>.json`; a
+    restarted pod downloads those first and skips their tasks, so a kill at any point loses at
+    most the tasks in flight."""
     if shard_count < 1 or not 0 <= shard_index < shard_count:
         raise BadInputError(
             f"shard index {shard_index} is outside 0..{shard_count - 1}",
@@ -122,20 +144,25 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
     )
     from codeq.search import collect
 
-    uploader = TrajectoryUploader(ctx.store, ctx.layout, shard_index, out_path)
-    uploader.start()
-    try:
-        stats = collect(
-            tasks_dir / "train.jsonl",
-            out_path,
-            ctx.config,
-            shard_index=shard_index,
-            shard_count=shard_count,
-            engine=ctx.engines.get("collect", ctx.engines.get("base")),
-        )
-    finally:
-        uploader.stop()
-    uploader.sync()  # raises StoreError if something could still not be uploaded
+    policy = current_policy(ctx)
+    log(f"collect shard {shard_index}: searching with {policy.describe()}")
+    engine = ctx.engines.get("collect") or load_policy(ctx, policy)
+
+    def upload(trajectory: Trajectory) -> None:
+        """Each finished trajectory becomes its own object at once (an idempotent overwrite)."""
+        key = ctx.layout.shard_task(shard_index, trajectory.task_id)
+        ctx.store.put_bytes(key, (trajectory.model_dump_json() + "\n").encode())
+
+    stats = collect(
+        tasks_dir / "train.jsonl",
+        out_path,
+        ctx.config,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        engine=engine,
+        lineage=policy,
+        on_trajectory=upload,
+    )
     trajectories = unique_trajectories(read_jsonl(out_path, Trajectory))
     final_dir = ctx.workdir(f"shard-{shard_index}-out")
     write_jsonl(final_dir / "trajectories.jsonl", trajectories)
@@ -146,6 +173,7 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
         "shard_count": shard_count,
         "trajectories": len(trajectories),
         "solved": sum(t.solved for t in trajectories),
+        "policy": policy.id,
     }
     return _finish(ctx, prefix, f"collect shard {shard_index}", info)
 
@@ -171,62 +199,6 @@ def restore_shard_progress(ctx: StageContext, shard_index: int, out_path: Path) 
             log(f"collect: ignoring unreadable {ctx.store.describe(key)}; its task is redone")
     write_jsonl(out_path, unique_trajectories(restored))
     return len(restored)
-
-
-class TrajectoryUploader:
-    """Follows the append-only trajectories file and uploads each new complete line as its own
-    object (idempotent overwrite), while collect keeps searching."""
-
-    def __init__(
-        self, store: ArtifactStore, layout: RoundLayout, shard_index: int, path: Path
-    ) -> None:
-        self.store = store
-        self.layout = layout
-        self.shard_index = shard_index
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self.uploaded = 0
-        self.last_error: Exception | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="trajectory-uploader", daemon=True)
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                self.sync()
-            except StoreError as exc:  # retried on the next poll; sync() at the end re-raises
-                self.last_error = exc
-
-    def sync(self) -> None:
-        with self._lock:
-            if not self.path.exists():
-                return
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-            for line in data.splitlines(keepends=True):
-                if not line.endswith(b"\n"):
-                    break  # a line still being written
-                if line.strip():
-                    self._upload(line)
-                self.offset += len(line)
-
-    def _upload(self, line: bytes) -> None:
-        try:
-            task_id = json.loads(line)["task_id"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptInputError(f"{self.path}: unreadable trajectory line ({exc})") from None
-        key = self.layout.shard_task(self.shard_index, task_id)
-        self.store.put_bytes(key, line.rstrip(b"\n") + b"\n")
-        self.uploaded += 1
 
 
 # ------------------------------------------------------------------------------ pairs
@@ -286,8 +258,9 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
-    """Train the round's adapter. With zero pairs there is nothing to learn from: the marker
-    records `trained: false` and later stages keep the current policy."""
+    """Train the round's adapter on the policy that wrote the pairs (a fresh LoRA on the merged
+    promoted policy, which is thus DPO's reference). With zero pairs there is nothing to learn
+    from: the marker records `trained: false` and later stages keep the current policy."""
     prefix = ctx.layout.stage("adapter")
     done = _already_done(ctx, prefix, "train")
     if done:
@@ -302,9 +275,10 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         return _finish(ctx, prefix, "train", {"trained": False, "reason": "no preference pairs"})
     from codeq.train import train_dpo
 
+    trained_on = _pairs_policy(ctx, pairs_dir)
     out_dir = ctx.workdir("train")
-    log(f"train: DPO with LoRA on {n_pairs} pairs")
-    metrics = train_dpo(pairs_dir / "pairs.jsonl", out_dir, ctx.config)
+    log(f"train: DPO with LoRA on {n_pairs} pairs, on (and against) {trained_on.describe()}")
+    metrics = train_dpo(pairs_dir / "pairs.jsonl", out_dir, policy_config(ctx, trained_on))
     adapter_dir = out_dir / "adapter"
     write_json(adapter_dir / "metrics.json", metrics)
     log(f"train: uploading the adapter to {ctx.store.describe(prefix)}")
@@ -312,250 +286,198 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     summary = {
         "trained": True,
         "pairs": n_pairs,
+        "trained_on": trained_on.id,
         "global_steps": metrics.get("global_steps"),
         "train_loss": metrics.get("train_loss"),
     }
     return _finish(ctx, prefix, "train", summary)
 
 
-def download_adapter(ctx: StageContext, prefix: str, name: str) -> Path | None:
-    """The adapter folder at `prefix` (None when that round trained none)."""
+def _pairs_policy(ctx: StageContext, pairs_dir: Path) -> Lineage:
+    """The policy that wrote the round's pairs (recorded by the pairs stage)."""
+    stats = json.loads((pairs_dir / "stats.json").read_text())
+    recorded = stats.get("policy")
+    if recorded is None:
+        raise CorruptInputError(
+            f"{ctx.store.describe(ctx.layout.stage('pairs'))} records no policy",
+            hint="rerun collect and pairs for this round",
+        )
+    return Lineage.model_validate(recorded)
+
+
+def download_adapter(ctx: StageContext, name: str) -> Path | None:
+    """This round's adapter folder (None when the round trained none)."""
+    prefix = ctx.layout.stage("adapter")
     ctx.store.require_complete(prefix, f"the adapter ({ctx.store.describe(prefix)})")
     if not ctx.store.marker(prefix).get("trained", True):
         return None
     target = ctx.workdir(name)
     ctx.store.get_dir(prefix, target)
-    _require_adapter_config(ctx, prefix, target, hint="rerun the train stage of that round")
-    return target
-
-
-def download_current(ctx: StageContext, name: str) -> Path:
-    """The promoted adapter in runs/<run>/current (checked against its manifest)."""
-    target = ctx.workdir(name)
-    ctx.store.get_dir(ctx.layout.current, target)
-    _require_adapter_config(
-        ctx,
-        ctx.layout.current,
-        target,
-        hint="promote a round again (`codeq promote` or the promote job)",
-    )
-    return target
-
-
-def _require_adapter_config(ctx: StageContext, prefix: str, folder: Path, hint: str) -> None:
-    if not (folder / "adapter_config.json").is_file():
+    if not (target / "adapter_config.json").is_file():
         raise MissingInputError(
-            f"{ctx.store.describe(prefix)} holds no adapter_config.json", hint=hint
+            f"{ctx.store.describe(prefix)} holds no adapter_config.json",
+            hint="rerun the train stage of this round",
         )
+    return target
+
+
+def candidate_policy(ctx: StageContext, adapter_dir: Path) -> Lineage:
+    """The policy this round's adapter makes: the policy it was trained on, with it merged.
+    Refused unless it was trained on the run's current policy (the incumbent)."""
+    from codeq.train.dpo import read_provenance
+    from codeq.train.lineage import link_of
+
+    trained_on = read_provenance(adapter_dir)
+    incumbent = current_policy(ctx)
+    if trained_on != incumbent:
+        raise CorruptInputError(
+            f"round {ctx.layout.round}'s adapter was trained on "
+            f"{trained_on.describe() if trained_on else 'an unknown policy'}, but the run's "
+            f"current policy is {incumbent.describe()}",
+            hint="rerun this round from collect (or start a new run)",
+        )
+    link = link_of(adapter_dir, ctx.layout.round, ctx.layout.stage("adapter"))
+    return incumbent.extended(link)
 
 
 # ------------------------------------------------------------------------------ evaluate
 
-
-def current_policy(ctx: StageContext) -> dict[str, Any] | None:
-    """The promoted adapter's CURRENT.json, or None while the base model is the policy."""
-    key = join_key(ctx.layout.current, CURRENT_INFO)
-    if not ctx.store.exists(key):
-        return None
-    info = ctx.store.get_json(key)
-    return info if isinstance(info, dict) else None
-
-
-def _evaluate(
-    ctx: StageContext, tasks_path: Path, out_dir: Path, adapter: Path | None
-) -> dict[str, Any]:
-    from codeq.evaluate import evaluate
-
-    engine = ctx.engines.get("base") if adapter is None else None
-    result: dict[str, Any] = evaluate(
-        tasks_path, out_dir, ctx.config, adapter=str(adapter) if adapter else None, engine=engine
-    )
-    return result
+EVAL_ROLES = ("candidate", "incumbent")
 
 
 def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
-    """Evaluate the round's adapter (eval/results.json) and the incumbent policy on the same
-    test tasks (eval/baseline/results.json). The incumbent is the promoted adapter
-    (runs/<run>/current) or, before any promotion, the base model. Its results are reused from
-    the round that promoted it when that evaluation covered the same task ids and mode."""
+    """Evaluate the round's candidate (the incumbent with the new adapter merged) and the
+    incumbent (the run's current policy, evaluated again every round) on the same tasks: the
+    validation split in promotion.modes (promotion decides there) and the test split in
+    evaluate.modes (reported only). Writes eval/<role>/<split>/results.json."""
     prefix = ctx.layout.stage("eval")
     done = _already_done(ctx, prefix, "evaluate")
     if done:
         return done
     tasks_dir = _download_tasks(ctx)
-    adapter = download_adapter(ctx, ctx.layout.stage("adapter"), "eval-adapter")
-    tasks_path = tasks_dir / "test.jsonl"
-    out_dir = ctx.workdir("eval")
-    candidate: dict[str, Any] | None = None
+    adapter = download_adapter(ctx, "eval-adapter")
+    policies = {"incumbent": current_policy(ctx)}
     if adapter is not None:
-        log("evaluate: the new adapter on the test tasks")
-        _evaluate(ctx, tasks_path, out_dir, adapter)
-        candidate = _read_results(out_dir / "results.json")
+        policies = {"candidate": candidate_policy(ctx, adapter), **policies}
     else:
         log("evaluate: no adapter was trained this round; evaluating the incumbent only")
-    baseline_dir = out_dir / "baseline"
-    incumbent = current_policy(ctx)
-    reused = _reuse_incumbent_results(ctx, incumbent, candidate, baseline_dir)
-    if not reused:
-        incumbent_adapter = None
-        if incumbent is not None:
-            incumbent_adapter = download_current(ctx, "eval-incumbent")
-        label = f"the promoted adapter of round {incumbent['round']}" if incumbent else "base"
-        log(f"evaluate: the incumbent policy ({label}) on the same tasks")
-        _evaluate(ctx, tasks_path, baseline_dir, incumbent_adapter)
-    summary = {
-        "candidate": _headline(out_dir / "results.json") if candidate is not None else None,
-        "baseline": _headline(baseline_dir / "results.json"),
-        "baseline_policy": (
-            {"kind": "adapter", "round": incumbent["round"]} if incumbent else {"kind": "base"}
-        ),
-        "baseline_reused": reused,
-    }
+    has_validation = _count_lines(tasks_dir / "validation.jsonl") > 0
+    out_dir = ctx.workdir("eval")
+    summary: dict[str, Any] = {}
+    for role, policy in policies.items():
+        splits: list[Split] = ["test"]
+        if adapter is not None and has_validation:
+            splits = ["validation", "test"]
+        for split in splits:
+            log(f"evaluate: the {role} ({policy.describe()}) on the {split} tasks")
+            results = _evaluate(ctx, policy, tasks_dir, split, out_dir / role / split)
+            summary[f"{role}/{split}"] = {
+                "mode": results.primary_mode,
+                "solved": results.primary().solved,
+                "tasks": results.primary().n,
+            }
+        summary[role] = policy.model_dump(mode="json")
     write_json(out_dir / "summary.json", summary)
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "evaluate", summary)
+    return _finish(ctx, prefix, "evaluate", {"policies": list(policies), **summary})
 
 
-def _headline(results_path: Path) -> dict[str, Any]:
-    results = json.loads(results_path.read_text())
-    mode = results["primary_mode"]
-    primary = results["modes"][mode]
-    return {
-        "primary_mode": mode,
-        "solve_rate": primary.get("solve_rate"),
-        "solved": sum(bool(v) for v in primary.get("per_task", {}).values()),
-        "tasks": len(results.get("task_ids", [])),
-    }
+def _evaluate(
+    ctx: StageContext, policy: Lineage, tasks_dir: Path, split: Split, out_dir: Path
+) -> EvalResults:
+    from codeq.evaluate import evaluate
 
-
-def _reuse_incumbent_results(
-    ctx: StageContext,
-    incumbent: dict[str, Any] | None,
-    candidate: dict[str, Any] | None,
-    baseline_dir: Path,
-) -> bool:
-    if incumbent is None or candidate is None:
-        return False
-    old_eval = RoundLayout(ctx.layout.run, int(incumbent["round"])).stage("eval")
-    key = join_key(old_eval, "results.json")
-    if not ctx.store.is_complete(old_eval) or not ctx.store.exists(key):
-        return False
-    old = ctx.store.get_json(key)
-    if old.get("task_ids") != candidate.get("task_ids") or old.get("primary_mode") != candidate.get(
-        "primary_mode"
-    ):
-        return False
-    write_json(baseline_dir / "results.json", old)
-    log(f"evaluate: reusing round {incumbent['round']}'s results for the incumbent")
-    return True
+    config = ctx.config
+    if split == "validation":
+        promotion = config.promotion
+        config = config.model_copy(
+            update={
+                "evaluate": config.evaluate.model_copy(
+                    update={"modes": list(promotion.modes), "max_tasks": promotion.max_tasks}
+                )
+            }
+        )
+    return evaluate(
+        tasks_dir,
+        out_dir,
+        config,
+        split=split,
+        engine=load_policy(ctx, policy),
+        policy=policy,  # type: ignore[arg-type]
+    )
 
 
 # ------------------------------------------------------------------------------ promote
 
 
 def promote_stage(ctx: StageContext) -> dict[str, Any]:
-    """Copy the round's adapter to runs/<run>/current only if it solves more of the same test
-    tasks (primary mode, per task) than the incumbent; write promote/decision.json either way."""
+    """Make the candidate the run's current policy if the validation split says so (see
+    codeq.promotion); write promote/decision.json either way."""
+    from codeq.promotion import decide
+
     prefix = ctx.layout.stage("promote")
     done = _already_done(ctx, prefix, "promote")
     if done:
         return done
     eval_dir = _download_stage(ctx, "eval", "evaluation", "promote-in")
-    decision = decide_promotion(eval_dir)
-    decision["round"] = ctx.layout.round
-    if decision["promote"]:
-        adapter_prefix = ctx.layout.stage("adapter")
-        adapter_dir = download_adapter(ctx, adapter_prefix, "promote-adapter")
-        assert adapter_dir is not None  # decide_promotion only promotes a trained adapter
-        copy_to_current(ctx, adapter_dir)
-        decision["current"] = ctx.store.describe(ctx.layout.current)
-    log(
-        f"promote: {'PROMOTED' if decision['promote'] else 'kept the incumbent'}: "
-        f"{decision['reason']}"
-    )
+    candidate = _optional_results(eval_dir / "candidate" / "validation")
+    incumbent = _optional_results(eval_dir / "incumbent" / "validation")
+    decision = decide(ctx.layout.round, candidate, incumbent, ctx.config.promotion)
+    if decision.promote:
+        assert decision.candidate is not None
+        set_current(ctx, decision.candidate)
+    log(f"promote: {decision.reason}")
     out_dir = ctx.workdir("promote")
-    write_json(out_dir / "decision.json", decision)
+    write_json(out_dir / "decision.json", decision.model_dump(mode="json"))
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "promote", decision)
+    return _finish(ctx, prefix, "promote", {"promote": decision.promote, "reason": decision.reason})
 
 
-def decide_promotion(eval_dir: Path) -> dict[str, Any]:
-    candidate_path = eval_dir / "results.json"
-    baseline_path = eval_dir / "baseline" / "results.json"
-    if not baseline_path.is_file():
-        raise MissingInputError(f"{baseline_path} is missing", hint="rerun the evaluate stage")
-    baseline = _read_results(baseline_path)
-    if not candidate_path.is_file():
-        return {
-            "promote": False,
-            "reason": "no adapter was trained this round (no preference pairs)",
-        }
-    candidate = _read_results(candidate_path)
-    mode = candidate["primary_mode"]
-    if mode not in baseline["modes"]:
-        raise CorruptInputError(
-            f"the baseline evaluation has no {mode!r} mode", hint="rerun the evaluate stage"
-        )
-    new_per_task = candidate["modes"][mode]["per_task"]
-    old_per_task = baseline["modes"][mode]["per_task"]
-    if set(new_per_task) != set(old_per_task):
-        raise CorruptInputError(
-            "the new and the incumbent evaluations cover different task ids",
-            hint="rerun the evaluate stage so both use the same test tasks",
-        )
-    new_solved = sum(bool(v) for v in new_per_task.values())
-    old_solved = sum(bool(v) for v in old_per_task.values())
-    gained = sorted(t for t in new_per_task if new_per_task[t] and not old_per_task[t])
-    lost = sorted(t for t in new_per_task if old_per_task[t] and not new_per_task[t])
-    promote = new_solved > old_solved
-    verb = "beats" if promote else ("ties" if new_solved == old_solved else "trails")
-    reason = (
-        f"new adapter {verb} the incumbent on {mode}: {new_solved}/{len(new_per_task)} vs "
-        f"{old_solved}/{len(old_per_task)} test tasks solved"
-        + ("" if promote else "; promotion needs strictly more")
-    )
-    return {
-        "promote": promote,
-        "reason": reason,
-        "mode": mode,
-        "tasks": len(new_per_task),
-        "new_solved": new_solved,
-        "incumbent_solved": old_solved,
-        "gained": gained,
-        "lost": lost,
-    }
-
-
-def _read_results(path: Path) -> dict[str, Any]:
-    try:
-        results = json.loads(path.read_text())
-        mode = results["primary_mode"]
-        results["modes"][mode]["per_task"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptInputError(
-            f"{path} is not an evaluation result ({type(exc).__name__}: {exc})",
-            hint="rerun the evaluate stage",
-        ) from None
-    return dict(results)
-
-
-def copy_to_current(ctx: StageContext, adapter_dir: Path) -> None:
-    """Upload the adapter under runs/<run>/current; CURRENT.json (written after the manifest)
-    names the round, so a reader sees either the old or the new complete adapter's info."""
-    current = ctx.layout.current
-    ctx.store.put_dir(current, adapter_dir)
-    ctx.store.put_json(
-        join_key(current, CURRENT_INFO),
-        {"round": ctx.layout.round, "source": ctx.store.describe(ctx.layout.stage("adapter"))},
-    )
+def _optional_results(folder: Path) -> EvalResults | None:
+    return EvalResults.load(folder) if (folder / "results.json").is_file() else None
 
 
 # ------------------------------------------------------------------------------ report
 
 
+def learning_curve(
+    ctx: StageContext, incumbent: Path | None, promoted: Path | None
+) -> list[dict[str, Any]]:
+    """The test-split results of the policy each round of the run started from (its
+    incumbent), then this round's promoted candidate: one point per policy, in order."""
+    paths: list[tuple[str, Path]] = []
+    for number in range(ctx.layout.round):
+        prefix = ctx.layout.of_round(number).stage("eval")
+        target = ctx.workdir(f"report-in/history/round-{number}") / "results.json"
+        if ctx.store.is_complete(prefix) and ctx.store.get_verified_file(
+            prefix, "incumbent/test/results.json", target
+        ):
+            paths.append((f"round {number}", target))
+    if incumbent is not None:
+        paths.append((f"round {ctx.layout.round}", incumbent))
+    if promoted is not None:
+        paths.append((f"after round {ctx.layout.round}", promoted))
+    points = []
+    for label, path in paths:
+        results = EvalResults.load(path)
+        points.append(
+            {
+                "label": label,
+                "policy": results.policy.id if results.policy else None,
+                "modes": {
+                    mode: Rate.model_validate(
+                        stats.model_dump(include=set(Rate.model_fields))
+                    ).model_dump()
+                    for mode, stats in results.modes.items()
+                },
+            }
+        )
+    return points
+
+
 def report_stage(ctx: StageContext) -> dict[str, Any]:
-    """Render report.json, report.md and index.html from the round's evaluation, training
-    metrics, pair statistics and promotion decision."""
+    """Render report.json, report.md and index.html from the round's test-split evaluation,
+    training metrics, pair statistics and promotion decision."""
     prefix = ctx.layout.stage("report")
     done = _already_done(ctx, prefix, "report")
     if done:
@@ -564,7 +486,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     wanted = {
         "pairs": ["stats.json"],
         "adapter": ["metrics.json"],
-        "eval": ["results.json", "baseline/results.json"],
+        "eval": ["candidate/test/results.json", "incumbent/test/results.json"],
         "promote": ["decision.json"],
     }
     found: dict[str, Path] = {}
@@ -575,25 +497,30 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
             target = inputs / stage / name
             if ctx.store.get_verified_file(stage_prefix, name, target):
                 found[f"{stage}/{name}"] = target
+    from codeq.promotion import PromotionDecision
     from codeq.report import render_report
 
+    decision = PromotionDecision.model_validate_json(found["promote/decision.json"].read_text())
+    curve = learning_curve(
+        ctx,
+        found.get("eval/incumbent/test/results.json"),
+        found.get("eval/candidate/test/results.json") if decision.promote else None,
+    )
     out_dir = ctx.workdir("report")
     log("report: rendering report.json, report.md and index.html")
     index = render_report(
         out_dir,
-        results=found.get("eval/results.json"),
-        base_results=found.get("eval/baseline/results.json"),
+        results=found.get("eval/candidate/test/results.json"),
+        base_results=found.get("eval/incumbent/test/results.json"),
         train_metrics=found.get("adapter/metrics.json"),
         pair_stats=found.get("pairs/stats.json"),
+        decision=decision,
+        learning_curve=curve,
         title=f"CodeQ run {ctx.layout.run}, round {ctx.layout.round}",
     )
-    decision = json.loads(found["promote/decision.json"].read_text())
-    write_json(out_dir / "decision.json", decision)
+    write_json(out_dir / "decision.json", decision.model_dump(mode="json"))
     ctx.store.put_dir(prefix, out_dir)
-    info = {
-        "index": ctx.store.describe(join_key(prefix, index.name)),
-        "promoted": decision["promote"],
-    }
+    info = {"index": ctx.store.describe(join_key(prefix, index.name)), "promoted": decision.promote}
     return _finish(ctx, prefix, "report", info)
 
 

@@ -36,6 +36,7 @@ def critique_request(
     *,
     temperature: float = 0.2,
     max_new_tokens: int = 128,
+    seed: int | None = None,
 ) -> GenerationRequest:
     """One critique sample of the rewrite `answer` (CodeQ samples critiques at temperature 0.2)."""
     return GenerationRequest(
@@ -46,6 +47,7 @@ def critique_request(
         max_new_tokens=max_new_tokens,
         prefix=SCORE_PREFIX,
         stop="score",
+        seed=seed,
     )
 
 

@@ -135,7 +135,7 @@ class PolicyEngine:
             torch.set_num_threads(config.cpu_threads)
         kwargs: dict[str, Any] = {"dtype": dtype}
         if quantization == "nf4":
-            kwargs["quantization_config"] = _nf4_config(dtype)
+            kwargs["quantization_config"] = nf4_config(dtype)
             kwargs["device_map"] = {"": 0}
         cache = str(Path(config.cache_dir).expanduser())
         announce_load(config.model, path, "policy")
@@ -281,7 +281,7 @@ MIN_SHARED_PREFIX = 64  # tokens; shorter shared prefixes are not worth a separa
 READ_BATCH_TOKENS = 4096  # padded tail tokens read in one forward
 
 
-def _nf4_config(dtype: Any) -> Any:
+def nf4_config(dtype: Any) -> Any:
     try:
         import bitsandbytes  # noqa: F401
         from transformers import BitsAndBytesConfig

@@ -105,19 +105,32 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_FEEDBACK_CHARS else text[:MAX_FEEDBACK_CHARS] + "..."
 
 
+PASSES_EXAMPLES = (
+    "Your program passes the examples. Check it carefully against the problem statement "
+    "for remaining bugs and edge cases."
+)
+
+
 def feedback_text(failures: Sequence[FailedTest]) -> str:
     """Feedback from failing *visible* tests only. When every visible test passes, nothing about
     other tests is said: hidden outcomes never reach a prompt."""
     if not failures:
-        return (
-            "Your program passes the examples. Check it carefully against the problem statement "
-            f"for remaining bugs and edge cases. {FIX_INSTRUCTION}"
-        )
+        return f"{PASSES_EXAMPLES} {FIX_INSTRUCTION}"
     lines = ["Your program fails these tests:"]
     for failure in failures:
         lines.append(f"Input: {failure.call}\nExpected: {failure.expected}\nGot: {failure.got}")
     lines.append(FIX_INSTRUCTION)
     return "\n\n".join(lines)
+
+
+def asks_past_passing_examples(messages: Sequence[ChatMessage]) -> bool:
+    """Whether this prompt refines a program that already passes every visible test. A search
+    rewarded by visible tests stops at such a program, so evaluation never asks this."""
+    return (
+        bool(messages)
+        and messages[-1].role == "user"
+        and messages[-1].content.startswith(PASSES_EXAMPLES)
+    )
 
 
 def refine_messages(

@@ -22,6 +22,8 @@ class GenerationRequest:
     # the end of the line giving a score; 'none': EOS or max_new_tokens only
     keep_cache: bool = False  # keep each completion's KV for reuse: the caller will continue
     # this conversation (a critique of the rewrite, a refinement of it)
+    seed: int | None = None  # each sample draws from its own generator seeded by (seed, sample):
+    # the same request gives the same samples whatever shares the batch; None: torch's global RNG
 
 
 @dataclass

@@ -14,17 +14,23 @@ from typing import Any
 CANDIDATES = 256  # tokens looked at before falling back to a full sort for a row
 
 
-def sample_tokens(logits: Any, temperature: float, top_p: float) -> Any:
+def sample_tokens(
+    logits: Any, temperature: float, top_p: float, uniforms: Any | None = None
+) -> Any:
     """One token id per row of `logits` (batch x vocab): the argmax at temperature 0, else a
     draw from softmax(logits / temperature) restricted to the nucleus: the most likely tokens
-    whose probability before them is at most `top_p` (the most likely token always stays)."""
+    whose probability before them is at most `top_p` (the most likely token always stays).
+    `uniforms` (rows x 1, in [0, 1)) are the random numbers of the draws; by default torch's
+    global generator makes them."""
     import torch
 
     if temperature <= 0:
         return logits.argmax(dim=-1)
+    if uniforms is None:
+        uniforms = torch.rand(logits.shape[0], 1, device=logits.device)
     scaled = logits.float() / temperature
     if top_p >= 1.0:
-        return _draw(scaled.softmax(dim=-1)).squeeze(-1)
+        return _draw(scaled.softmax(dim=-1), uniforms).squeeze(-1)
     k = min(CANDIDATES, scaled.shape[-1])
     top_logits, top_ids = scaled.topk(k, dim=-1)
     top_probabilities = (top_logits - scaled.logsumexp(dim=-1, keepdim=True)).exp()
@@ -32,26 +38,27 @@ def sample_tokens(logits: Any, temperature: float, top_p: float) -> Any:
     chosen = torch.empty(scaled.shape[0], dtype=torch.long, device=scaled.device)
     rows = covered.nonzero().squeeze(-1)
     if len(rows):
-        chosen[rows] = _draw_nucleus(top_probabilities[rows], top_ids[rows], top_p)
+        chosen[rows] = _draw_nucleus(top_probabilities[rows], top_ids[rows], top_p, uniforms[rows])
     rows = (~covered).nonzero().squeeze(-1)
     if len(rows):
         full_logits, full_ids = scaled[rows].sort(dim=-1, descending=True)
-        chosen[rows] = _draw_nucleus(full_logits.softmax(dim=-1), full_ids, top_p)
+        chosen[rows] = _draw_nucleus(full_logits.softmax(dim=-1), full_ids, top_p, uniforms[rows])
     return chosen
 
 
-def _draw_nucleus(sorted_probabilities: Any, ids: Any, top_p: float) -> Any:
+def _draw_nucleus(sorted_probabilities: Any, ids: Any, top_p: float, uniforms: Any) -> Any:
     """Per row, one of `ids` (most likely first) from the nucleus of `sorted_probabilities`."""
     before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities
     nucleus = sorted_probabilities.masked_fill(before > top_p, 0.0)
-    return ids.gather(-1, _draw(nucleus)).squeeze(-1)
+    return ids.gather(-1, _draw(nucleus, uniforms)).squeeze(-1)
 
 
-def _draw(weights: Any) -> Any:
-    """Per row, a column drawn with probability proportional to `weights[row]` (rows x 1)."""
+def _draw(weights: Any, uniforms: Any) -> Any:
+    """Per row, a column drawn with probability proportional to `weights[row]` (rows x 1),
+    by inverting the cumulative weights at `uniforms[row]`."""
     import torch
 
     cumulative = weights.cumsum(dim=-1)
-    targets = torch.rand(weights.shape[0], 1, device=weights.device) * cumulative[:, -1:]
+    targets = uniforms.to(cumulative.dtype) * cumulative[:, -1:]
     columns = torch.searchsorted(cumulative, targets, right=True)
     return columns.clamp_(max=weights.shape[-1] - 1)

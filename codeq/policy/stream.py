@@ -57,7 +57,19 @@ class _Sequence:
     ticket: int
     sample: int
     stop: StopCondition
+    generator: Any = None  # the sample's own torch.Generator when its request has a seed
     tokens: list[int] = field(default_factory=list)
+
+
+def _sample_generator(seed: int | None, sample: int) -> Any:
+    """The generator of one sample of a seeded request (CPU: the draw is one number a step)."""
+    if seed is None:
+        return None
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed((seed * 1_000_003 + sample) % (2**63))
+    return generator
 
 
 class GenerationStream:
@@ -109,10 +121,15 @@ class GenerationStream:
     # -------------------------------------------------------------- admission
 
     def _room_to_admit(self) -> bool:
+        """Admit when the batch is empty, or when enough rows are free and the first waiting
+        request fits in them (requests are admitted first come, first served)."""
         if not self.waiting:
             return False
+        if not self.sequences:
+            return True
         free = self.engine.batch_size - len(self.sequences)
-        return not self.sequences or free >= max(1, int(self.engine.batch_size * REFILL_FRACTION))
+        head = self.tickets[self.waiting[0]].request.n
+        return free >= max(1, int(self.engine.batch_size * REFILL_FRACTION)) and head <= free
 
     def _admit(self) -> None:
         """Waiting requests, first come first served, while their samples fit: their prompts
@@ -136,7 +153,8 @@ class GenerationStream:
             owner = owner_of[tuple(entry.prompt_ids)]
             for sample in range(entry.request.n):
                 stop = self.engine.stop_condition(entry.request.stop, entry.request.prefix)
-                self.sequences.append(_Sequence(ticket, sample, stop))
+                generator = _sample_generator(entry.request.seed, sample)
+                self.sequences.append(_Sequence(ticket, sample, stop, generator))
                 owners.append(owner)
         capacity = max(self.tickets[t].request.max_new_tokens for t in admitted)
         kv = [layers for layers, _ in read]
@@ -192,21 +210,33 @@ class GenerationStream:
         return finished
 
     def _sample(self) -> Any:
-        """One token per live sequence, each with its request's temperature and top-p."""
+        """One token per live sequence, each with its request's temperature and top-p, drawn
+        with its own generator's random number when its request has a seed."""
         import torch
 
         groups: dict[tuple[float, float], list[int]] = {}
         for row, sequence in enumerate(self.sequences):
             request = self.tickets[sequence.ticket].request
             groups.setdefault((request.temperature, request.top_p), []).append(row)
+        uniforms = self._uniforms()
         if len(groups) == 1:
             [(temperature, top_p)] = groups
-            return sample_tokens(self.logits, temperature, top_p)
+            return sample_tokens(self.logits, temperature, top_p, uniforms)
         chosen = torch.empty(len(self.sequences), dtype=torch.long, device=self.logits.device)
         for (temperature, top_p), rows in groups.items():
             index = torch.tensor(rows, device=self.logits.device)
-            chosen[index] = sample_tokens(self.logits[index], temperature, top_p)
+            chosen[index] = sample_tokens(self.logits[index], temperature, top_p, uniforms[index])
         return chosen
+
+    def _uniforms(self) -> Any:
+        """One uniform number per live sequence (rows x 1) for this step's draws."""
+        import torch
+
+        values = torch.rand(len(self.sequences), 1)
+        for row, sequence in enumerate(self.sequences):
+            if sequence.generator is not None:
+                values[row] = torch.rand(1, generator=sequence.generator)
+        return values.to(self.logits.device)
 
     def _finish(self, row: int, sequence: _Sequence) -> list[tuple[int, GenerationResult]]:
         """Record a finished sample (keeping its KV when the conversation will continue);

@@ -121,3 +121,28 @@ def _plot_dpo_metric(
     axes.axhline(baseline, color="#999", linestyle=":", linewidth=1)
     axes.set_xlabel("optimizer step")
     axes.legend()
+
+
+def learning_curve_plot(points: list[dict[str, Any]]) -> str:
+    """Test-split solve rate of each round's policy, per mode, with Wilson intervals.
+    points: [{"label": ..., "modes": {mode: rate stats}}] in round order."""
+    fig, ax = _new_axes(width=max(7.0, 1.4 * len(points)))
+    modes = sorted({mode for point in points for mode in point["modes"]})
+    for offset, mode in enumerate(modes):
+        xs, ys, lows, highs = [], [], [], []
+        for position, point in enumerate(points):
+            stats = point["modes"].get(mode)
+            if stats is None:
+                continue
+            xs.append(position + (offset - (len(modes) - 1) / 2) * 0.08)
+            ys.append(stats["solve_rate"])
+            lows.append(stats["solve_rate"] - stats["ci_low"])
+            highs.append(stats["ci_high"] - stats["solve_rate"])
+        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=mode)
+    ax.set_xticks(range(len(points)))
+    ax.set_xticklabels([point["label"] for point in points])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("solve rate (test split)")
+    ax.set_title("Learning curve: each round's policy on the test split (95% Wilson intervals)")
+    ax.legend()
+    return _figure_png(fig)

@@ -193,6 +193,8 @@ def render_report(
     base_results: str | Path | dict[str, Any] | None = None,
     train_metrics: str | Path | dict[str, Any] | None = None,
     pair_stats: str | Path | dict[str, Any] | None = None,
+    decision: Any = None,
+    learning_curve: list[dict[str, Any]] | None = None,
     title: str = "CodeQ round report",
 ) -> Path:
     """Write out_dir/report.json, report.md and index.html (plots embedded); return index.html.
@@ -216,12 +218,24 @@ def render_report(
             "nothing to report", hint="pass at least one of the eval, train or pairs outputs"
         )
     summary = build_summary(loaded["eval"], loaded["base"], loaded["train"], loaded["pairs"])
+    if decision is not None:  # a codeq.promotion.PromotionDecision
+        summary["promotion"] = decision.model_dump(mode="json")
+    if learning_curve:
+        summary["learning_curve"] = learning_curve
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     write_json(out_path / "report.json", summary)
     context = {"title": title, "summary": summary}
     (out_path / "report.md").write_text(_render_template("report.md.j2", context), encoding="utf-8")
     figures = _plots(loaded["eval"], loaded["base"], loaded["train"])
+    if len(learning_curve or []) > 1:
+        figures.insert(
+            0,
+            {
+                "title": "Learning curve across rounds",
+                "png": plots.learning_curve_plot(learning_curve or []),
+            },
+        )
     html = _render_template("index.html.j2", {**context, "figures": figures})
     index = out_path / "index.html"
     index.write_text(html, encoding="utf-8")

@@ -8,15 +8,15 @@ tasks that were in flight.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import BadInputError
-from codeq.schemas import Task, Trajectory, read_jsonl, write_jsonl
-from codeq.search.mcts import Policy, Scorer, run_search
+from codeq.progress import progress_bar
+from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_jsonl
+from codeq.search.mcts import Policy, Scorer, TrajectoryCallback, run_search
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,17 @@ def collect(
     shard_index: int = 0,
     shard_count: int = 1,
     engine: Policy | None = None,
+    lineage: Lineage | None = None,
+    on_trajectory: TrajectoryCallback | None = None,
     mode: str | None = None,
     rollouts: int | None = None,
     max_tasks: int | None = None,
     scorer: Scorer | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Search the shard's tasks not yet in `out_path`; append one trajectory per task.
+    """Search the shard's tasks not yet in `out_path`; append one trajectory per task, each
+    recording `lineage` (the searching policy; the configured base model when `engine` is
+    loaded here from the config without an adapter), then hand it to `on_trajectory`.
 
     Rewards come from config.search.reward_tests ('all' on train tasks). Returns a summary."""
     out_path = Path(out_path)
@@ -74,12 +78,18 @@ def collect(
             from codeq.policy import PolicyEngine
 
             engine = PolicyEngine.load(config.policy, seed=config.tasks.seed)
+            if lineage is None and config.policy.adapter is None:
+                from codeq.train.lineage import base_lineage
+
+                lineage = base_lineage(config.policy)
         trajectories = _search_and_append(
-            todo, out_path, config, engine, mode, rollouts, scorer, progress
+            todo, out_path, config, engine, lineage, on_trajectory, mode, rollouts, scorer, progress
         )
-    return summarize(
+    stats = summarize(
         trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started, mode
     )
+    stats["policy"] = lineage.model_dump(mode="json") if lineage is not None else None
+    return stats
 
 
 def _search_and_append(
@@ -87,18 +97,21 @@ def _search_and_append(
     out_path: Path,
     config: CodeQConfig,
     engine: Policy,
+    lineage: Lineage | None,
+    on_trajectory: TrajectoryCallback | None,
     mode: str | None,
     rollouts: int | None,
     scorer: Scorer | None,
     progress: bool,
 ) -> list[Trajectory]:
-    from tqdm import tqdm
-
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(todo), desc="collect", unit="task", file=sys.stderr, disable=not progress)
+    bar = progress_bar(len(todo), "collect", enabled=progress)
 
     def append(trajectory: Trajectory) -> None:
+        trajectory.policy = lineage
         write_jsonl(out_path, [trajectory], append=True)
+        if on_trajectory is not None:
+            on_trajectory(trajectory)
         bar.update(1)
         bar.set_postfix(solved=trajectory.solved)
 

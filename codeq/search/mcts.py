@@ -22,7 +22,7 @@ from codeq.policy.critique import SCORE_PREFIX, critique_request, q_ai_from
 from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.policy.requests import GenerationRequest, GenerationResult
 from codeq.schemas import Node, Task, TestSplit, Trajectory, Verdict
-from codeq.search.tree import SearchSettings, Tree, reward_of
+from codeq.search.tree import SearchSettings, Tree, request_seed, reward_of
 
 if TYPE_CHECKING:
     from codeq.sandbox import Sandbox
@@ -169,7 +169,7 @@ def tree_search(tree: Tree) -> TreeSteps:
                 child.verdict = verdict
             # 5. the policy critiques every valid rewrite (Q_ai)
             if settings.critique:
-                critiques = yield Generate([critique_of(child, settings) for child in testable])
+                critiques = yield Generate([critique_of(tree, child) for child in testable])
                 for child, critique in zip(testable, critiques, strict=True):
                     child.critique = SCORE_PREFIX + critique.texts[0] if critique.texts else ""
                     child.q_ai = q_ai_from(critique.texts, SCORE_PREFIX)
@@ -179,12 +179,14 @@ def tree_search(tree: Tree) -> TreeSteps:
             tree.backpropagate(child, reward_of(child.verdict))
 
 
-def critique_of(node: Node, settings: SearchSettings) -> GenerationRequest:
+def critique_of(tree: Tree, node: Node) -> GenerationRequest:
+    settings = tree.settings
     return critique_request(
         node.prompt,
         node.completion,
         temperature=settings.critique_temperature,
         max_new_tokens=settings.critique_max_new_tokens,
+        seed=request_seed(settings.seed, tree.task.task_id, "critique", node.id),
     )
 
 
@@ -197,11 +199,17 @@ def search(
     on_trajectory: TrajectoryCallback | None = None,
 ) -> list[Trajectory]:
     """Advance up to `settings.parallel_trees` trees together until every task is searched.
-    With a streaming policy the sandbox tests in a background thread while the policy decodes
-    (a GPU would otherwise idle during every sandbox batch); with a lockstep stand-in the tests
-    run in turn, so its calls are the same on every run."""
+    Deterministic settings (or a lockstep stand-in) test in turn with generation, from an empty
+    prefix cache, so the same tasks and settings give the same batches and results; otherwise
+    the sandbox tests in a background thread while the policy decodes (a GPU would otherwise
+    idle during every sandbox batch)."""
     stream = stream_of(policy)
-    background = None if isinstance(stream, LockstepStream) else ThreadPoolExecutor(1)
+    lockstep = settings.deterministic or isinstance(stream, LockstepStream)
+    if settings.deterministic:
+        forget = getattr(policy, "clear_prefix_cache", None)
+        if callable(forget):
+            forget()
+    background = None if lockstep else ThreadPoolExecutor(1)
     searching = _Searching(tasks, stream, scorer, settings, on_trajectory, background)
     try:
         while searching.waiting or searching.trees:

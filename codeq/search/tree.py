@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +44,8 @@ class SearchSettings:
     critique: bool
     critique_temperature: float
     critique_max_new_tokens: int
+    seed: int = 0
+    deterministic: bool = True
     model: str = ""
 
     @classmethod
@@ -79,6 +82,8 @@ class SearchSettings:
             "max_new_tokens": policy.max_new_tokens,
             "critique_temperature": policy.critique_temperature,
             "critique_max_new_tokens": policy.critique_max_new_tokens,
+            "seed": search.seed,
+            "deterministic": search.deterministic,
             "model": model,
         }
         if chosen == "mcts":
@@ -113,6 +118,28 @@ class SearchSettings:
             critique=False,
             **common,  # type: ignore[arg-type]
         )
+
+
+def request_seed(seed: int, task_id: str, *parts: object) -> int:
+    """A sampling request's own seed: a hash of the search seed, the task and where in the
+    tree it asks (so it is the same however requests are scheduled or batched)."""
+    import hashlib
+
+    key = ":".join(str(part) for part in (seed, task_id, *parts)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+def final_rule_key(node: Node) -> tuple[float, float, int, int]:
+    """The order of the final answer: highest reward-test pass fraction, then critique score,
+    then shallower, then earlier (never the hidden tests)."""
+    return reward_of(node.verdict), node.q_ai or 0.0, -node.depth, -node.id
+
+
+def final_answer(rewrites: Sequence[Node], root: Node) -> Node:
+    """The program a search returns from `rewrites`: the best valid, tested one by
+    `final_rule_key`; the buggy root only when there is none."""
+    candidates = [node for node in rewrites if node.valid and node.verdict is not None]
+    return max(candidates, key=final_rule_key) if candidates else root
 
 
 def ucb1(child: Node, parent_visits: int, exploration: float) -> float:
@@ -203,6 +230,9 @@ class Tree:
             top_p=self.settings.top_p,
             max_new_tokens=self.settings.max_new_tokens,
             keep_cache=self.settings.critique or self.settings.mode == "mcts",
+            seed=request_seed(
+                self.settings.seed, self.task.task_id, "expand", node.id, self.rollouts_done
+            ),
         )
 
     def add_child(
@@ -241,16 +271,8 @@ class Tree:
     # ------------------------------------------------------------------ the answer
 
     def final_node(self) -> Node:
-        """The program the search returns, chosen from reward-test results and critique only:
-        highest pass fraction, then Q_ai, then shallower, then earlier. The buggy root only
-        when no valid rewrite was produced."""
-        candidates = [n for n in self.nodes[1:] if n.valid and n.verdict is not None]
-        if not candidates:
-            return self.root
-        return max(
-            candidates,
-            key=lambda n: (reward_of(n.verdict), n.q_ai or 0.0, -n.depth, -n.id),
-        )
+        """The program the search returns (`final_answer` over every rewrite)."""
+        return final_answer(self.nodes[1:], self.root)
 
     def trajectory(self) -> Trajectory:
         first = self.first_pass()

@@ -295,19 +295,44 @@ def _task(draft: Draft, group: Group) -> Task:
     )
 
 
+SPLITS = ("train", "validation", "test")
+
+
 def split_by_slug(
-    tasks: Sequence[Task], seed: int, test_fraction: float
-) -> tuple[list[Task], list[Task]]:
-    """Whole problems go to one side; at least one test slug (and one train slug) when possible."""
+    tasks: Sequence[Task], seed: int, test_fraction: float, validation_fraction: float = 0.0
+) -> tuple[list[Task], list[Task], list[Task]]:
+    """(train, validation, test): whole problems go to one side. Each held-out side gets at
+    least one slug when its fraction is above 0 and the others keep one for training."""
     slugs = sorted({task.slug for task in tasks})
     random.Random(seed).shuffle(slugs)
-    n_test = round(test_fraction * len(slugs))
-    if len(slugs) >= 2:
-        n_test = min(max(1, n_test), len(slugs) - 1)
+    n_test = _held_out_count(test_fraction, len(slugs), reserve=1)
+    n_validation = _held_out_count(validation_fraction, len(slugs) - n_test, reserve=1)
     test_slugs = set(slugs[:n_test])
-    train = [task for task in tasks if task.slug not in test_slugs]
+    validation_slugs = set(slugs[n_test : n_test + n_validation])
+    train = [task for task in tasks if task.slug not in test_slugs | validation_slugs]
+    validation = [task for task in tasks if task.slug in validation_slugs]
     test = [task for task in tasks if task.slug in test_slugs]
-    return train, test
+    for split in (train, validation, test):  # so the first N of a split are a random sample
+        random.Random(seed).shuffle(split)
+    return train, validation, test
+
+
+def round_sample(tasks: Sequence[Task], size: int, seed: int, round_number: int) -> list[Task]:
+    """Round r's `size` training tasks: consecutive slices of one seeded shuffle, so rounds
+    search different tasks until the split is used up (then it wraps around)."""
+    if size >= len(tasks):
+        return list(tasks)
+    order = list(tasks)
+    random.Random(seed).shuffle(order)
+    start = (round_number * size) % len(order)
+    return [order[(start + i) % len(order)] for i in range(size)]
+
+
+def _held_out_count(fraction: float, available: int, reserve: int) -> int:
+    """round(fraction * available), at least 1 when fraction > 0, leaving `reserve` slugs."""
+    if fraction <= 0 or available <= reserve:
+        return 0
+    return min(max(1, round(fraction * available)), available - reserve)
 
 
 def _counts(tasks: Sequence[Task], attribute: str) -> dict[str, int]:
@@ -351,15 +376,27 @@ def prepare(
             f"no usable tasks in {source} ({dict(drops)})",
             hint="check that the source holds DebugBench Python 3 items with parseable examples",
         )
-    train, test = split_by_slug(tasks, config.tasks.seed, config.tasks.test_fraction)
+    splits = dict(
+        zip(
+            SPLITS,
+            split_by_slug(
+                tasks,
+                config.tasks.seed,
+                config.tasks.test_fraction,
+                config.tasks.validation_fraction,
+            ),
+            strict=True,
+        )
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out_dir / "train.jsonl", train)
-    write_jsonl(out_dir / "test.jsonl", test)
+    for name, split_tasks in splits.items():
+        write_jsonl(out_dir / f"{name}.jsonl", split_tasks)
     report = {
         "source": source,
         "backend": backend,
         "seed": config.tasks.seed,
         "test_fraction": config.tasks.test_fraction,
+        "validation_fraction": config.tasks.validation_fraction,
         "items_read": n_read,
         "items_considered": len(items),
         "duplicates": duplicates,
@@ -371,8 +408,10 @@ def prepare(
         "by_level": _counts(tasks, "level"),
         "by_category": _counts(tasks, "category"),
         "hidden_tests_per_task": config.tasks.hidden_tests_per_task,
-        "train": {"tasks": len(train), "slugs": sorted({t.slug for t in train})},
-        "test": {"tasks": len(test), "slugs": sorted({t.slug for t in test})},
+        **{
+            name: {"tasks": len(split_tasks), "slugs": sorted({t.slug for t in split_tasks})}
+            for name, split_tasks in splits.items()
+        },
         "seconds": round(time.perf_counter() - started, 2),
         "timings": timings,
     }
@@ -395,4 +434,4 @@ def _execute(
     return tasks, sandbox.backend
 
 
-__all__ = ["draft_tests", "prepare", "split_by_slug"]
+__all__ = ["SPLITS", "draft_tests", "prepare", "round_sample", "split_by_slug"]

@@ -13,10 +13,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import math
 import random
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,14 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig, TrainConfig
-from codeq.errors import BadInputError, TrainingDivergedError
+from codeq.errors import BadInputError, ConfigError, TrainingDivergedError
 from codeq.policy.source import resolve_model_source
-from codeq.schemas import Pair, read_jsonl, write_json
-from codeq.train.model import load_causal_lm, load_tokenizer
+from codeq.progress import progress_bar
+from codeq.schemas import Lineage, Pair, read_jsonl, write_json
+from codeq.train.model import load_tokenizer, load_training_model, training_quantization
 
 log = logging.getLogger(__name__)
 
 ACCURACY_KEY = "eval_rewards/accuracies"
+PROVENANCE_FILE = "provenance.json"
 
 
 @dataclass
@@ -91,7 +94,7 @@ def pair_length(tokenizer: Any, example: dict[str, Any]) -> int:
 def split_pairs(
     pairs: list[Pair], tokenizer: Any, config: TrainConfig
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """Drop (and count) pairs over max_length, then hold out whole tasks for reward accuracy."""
+    """Drop (and count) pairs over max_length, then hold out whole problems for reward accuracy."""
     kept: list[tuple[Pair, dict[str, Any]]] = []
     over = 0
     for pair in pairs:
@@ -109,34 +112,46 @@ def split_pairs(
             f"all {len(pairs)} pairs are longer than train.max_length={config.max_length} tokens",
             hint="raise train.max_length (CODEQ_TRAIN__MAX_LENGTH)",
         )
-    train, held_out = _hold_out_by_task(kept, config)
+    train, held_out = _hold_out_by_slug(kept, config)
     return train, held_out, over
 
 
-def _hold_out_by_task(
+def _hold_out_by_slug(
     kept: list[tuple[Pair, dict[str, Any]]], config: TrainConfig
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Hold out whole problems (every pair of a slug on one side), so held-out reward accuracy
+    measures problems the adapter never trained on."""
     if config.eval_fraction <= 0 or len(kept) < 2:
         return [example for _, example in kept], []
     target = max(1, round(config.eval_fraction * len(kept)))
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_slug: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for pair, example in kept:
-        by_task[pair.task_id].append(example)
-    task_ids = sorted(by_task)
-    random.Random(config.seed).shuffle(task_ids)
+        by_slug[pair.slug].append(example)
+    slugs = sorted(by_slug)
+    random.Random(config.seed).shuffle(slugs)
     held_out: list[dict[str, Any]] = []
     train: list[dict[str, Any]] = []
-    if len(task_ids) == 1:  # one task only: split its pairs instead
-        examples = list(by_task[task_ids[0]])
+    if len(slugs) == 1:  # one problem only: split its pairs instead
+        examples = list(by_slug[slugs[0]])
         random.Random(config.seed).shuffle(examples)
         return examples[target:], examples[:target]
-    for task_id in task_ids:  # whole tasks, so held-out pairs test unseen problems
-        task_examples = by_task[task_id]
-        if len(held_out) < target and len(held_out) + len(task_examples) < len(kept):
-            held_out.extend(task_examples)
+    for slug in slugs:
+        slug_examples = by_slug[slug]
+        if len(held_out) < target and len(held_out) + len(slug_examples) < len(kept):
+            held_out.extend(slug_examples)
         else:
-            train.extend(task_examples)
+            train.extend(slug_examples)
     return train, held_out
+
+
+def require_tracking_client(report_to: str) -> None:
+    """train.report_to names a client that is not installed: a config error (exit 2), not a
+    crash inside the trainer after the model has loaded."""
+    if report_to != "none" and importlib.util.find_spec(report_to) is None:
+        raise ConfigError(
+            f"train.report_to={report_to!r} but the {report_to!r} package is not installed",
+            hint=f"use an image with `pip install {report_to}`, or set train.report_to=none",
+        )
 
 
 def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: bool) -> Any:
@@ -162,7 +177,7 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         save_strategy="no",  # the best adapter is kept in memory by BestAdapterCallback
         logging_steps=1,
         logging_first_step=True,
-        report_to="none",
+        report_to=config.report_to,
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
@@ -236,12 +251,22 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
             self.best_state: dict[str, Any] | None = None
             self.step_seconds: list[float] = []
             self._step_started = 0.0
+            self.bar: Any = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.bar = progress_bar(state.max_steps, "train (DPO)", unit="step")
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.bar is not None:
+                self.bar.close()
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._step_started = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.step_seconds.append(time.perf_counter() - self._step_started)
+            if self.bar is not None:
+                self.bar.update(1)
 
         def on_log(
             self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
@@ -254,12 +279,10 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
                         hint="use train.precision=fp32, lower train.learning_rate, or check the pairs",
                     )
             step_logs = logs or {}
-            if "loss" in step_logs:
-                print(
-                    f"[train] step {state.global_step}/{state.max_steps} loss={step_logs['loss']:.4f} "
-                    f"acc={step_logs.get('rewards/accuracies', float('nan')):.2f}",
-                    file=sys.stderr,
-                    flush=True,
+            if "loss" in step_logs and self.bar is not None:
+                self.bar.set_postfix(
+                    loss=f"{step_logs['loss']:.4f}",
+                    acc=f"{step_logs.get('rewards/accuracies', float('nan')):.2f}",
                 )
 
         def on_evaluate(
@@ -268,11 +291,7 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
             accuracy = (metrics or {}).get(ACCURACY_KEY)
             if accuracy is None:
                 return
-            print(
-                f"[train] step {state.global_step} held-out reward accuracy {accuracy:.3f}",
-                file=sys.stderr,
-                flush=True,
-            )
+            log.info("step %d: held-out reward accuracy %.3f", state.global_step, accuracy)
             if self.best_accuracy is None or accuracy >= self.best_accuracy:
                 self.best_accuracy = float(accuracy)
                 self.best_step = int(state.global_step)
@@ -283,6 +302,33 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
                 }
 
     return GuardAndBestCallback()
+
+
+def common_pair_policy(pairs: list[Pair]) -> Lineage | None:
+    """The policy that wrote every pair: DPO's reference, which the adapter is trained on."""
+    lineages = {pair.policy.id: pair.policy for pair in pairs if pair.policy is not None}
+    if len(lineages) > 1:
+        raise BadInputError(
+            f"the pairs come from {len(lineages)} different policies",
+            hint="train on the pairs of one round (one collect stage)",
+        )
+    return next(iter(lineages.values()), None)
+
+
+def write_provenance(adapter_dir: Path, policy: Lineage | None) -> None:
+    """adapter/provenance.json: the policy the adapter was trained on (its DPO reference)."""
+    write_json(
+        adapter_dir / PROVENANCE_FILE,
+        {"trained_on": policy.model_dump() if policy is not None else None},
+    )
+
+
+def read_provenance(adapter_dir: Path) -> Lineage | None:
+    path = Path(adapter_dir) / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    trained_on = json.loads(path.read_text()).get("trained_on")
+    return Lineage.model_validate(trained_on) if trained_on else None
 
 
 def _load_pairs(pairs_path: Path) -> list[Pair]:
@@ -336,6 +382,7 @@ class PreparedTraining:
     tokenizer: Any
     source: str
     use_bf16: bool
+    quantization: str
     n_pairs: int
     n_train: int
     n_held_out: int
@@ -353,13 +400,16 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
     train_examples, held_out, over_max_length = split_pairs(pairs, tokenizer, train_config)
     use_bf16 = _use_bf16(train_config)
     torch.manual_seed(train_config.seed)
-    model = load_causal_lm(source, torch.bfloat16 if use_bf16 else torch.float32)
-    print(
-        f"[train] {len(train_examples)} train / {len(held_out)} held-out pairs "
-        f"({over_max_length} over max_length dropped); base {source}; "
-        f"precision {'bf16 (fp32 log-probs)' if use_bf16 else 'fp32'}",
-        file=sys.stderr,
-        flush=True,
+    quantization = training_quantization(config.policy)
+    model = load_training_model(source, torch.bfloat16 if use_bf16 else torch.float32, quantization)
+    log.info(
+        "%d train / %d held-out pairs (%d over max_length dropped); base %s%s; precision %s",
+        len(train_examples),
+        len(held_out),
+        over_max_length,
+        source,
+        " in 4-bit NF4 (QLoRA, as it samples)" if quantization == "nf4" else "",
+        "bf16 (fp32 log-probs)" if use_bf16 else "fp32",
     )
     trainer_ref: dict[str, Any] = {}
     callback = _make_callback(trainer_ref)
@@ -380,6 +430,7 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
         tokenizer=tokenizer,
         source=source,
         use_bf16=use_bf16,
+        quantization=quantization,
         n_pairs=len(pairs),
         n_train=len(train_examples),
         n_held_out=len(held_out),
@@ -391,8 +442,11 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
     """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json."""
     from peft import set_peft_model_state_dict
 
+    require_tracking_client(config.train.report_to)
     out_dir = Path(out_dir)
-    prepared = build_trainer(_load_pairs(Path(pairs_path)), out_dir, config)
+    pairs = _load_pairs(Path(pairs_path))
+    policy = common_pair_policy(pairs)
+    prepared = build_trainer(pairs, out_dir, config)
     trainer, callback, tokenizer = prepared.trainer, prepared.callback, prepared.tokenizer
     started = time.perf_counter()
     result = trainer.train()
@@ -412,12 +466,15 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
     adapter_dir = out_dir / "adapter"
     trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(adapter_dir))
+    write_provenance(adapter_dir, policy)
 
     meter = trainer.train_meter
     metrics = {
         "base_model": prepared.source,
+        "trained_on": policy.model_dump() if policy is not None else None,
         "adapter": str(adapter_dir),
         "precision": "bf16" if prepared.use_bf16 else "fp32",
+        "quantization": prepared.quantization,
         "log_probs_dtype": "float32",
         "pairs": {
             "total": prepared.n_pairs,

@@ -1,38 +1,54 @@
-"""Fold a LoRA adapter into its base model (merge_and_unload) so the next round's inference loads
-one plain model folder."""
+"""Fold LoRA adapters into their base model (merge_and_unload) so the next round's inference and
+training load one plain model folder."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import ModelLoadError
 from codeq.train.model import check_adapter_dir, load_causal_lm, load_tokenizer
 
 
-def merge_adapter(
-    base: str, adapter_dir: str | Path, out_dir: str | Path, config: CodeQConfig
+def merge_adapters(
+    base: str, adapter_dirs: Sequence[str | Path], out_dir: str | Path, save_dtype: Any
 ) -> Path:
-    """Merge `adapter_dir` into `base` (a folder or HF id, as resolved from policy.model) and save
-    the merged model with its tokenizer to `out_dir` as safetensors; returns out_dir."""
+    """Merge each adapter, in order, into `base` (weights held in fp32 while merging, so small
+    updates are not rounded away between adapters) and save the result with its tokenizer to
+    `out_dir` as safetensors in `save_dtype`. The folder appears whole or not at all."""
     import torch
     from peft import PeftModel
 
-    adapter_path = check_adapter_dir(adapter_dir)
-    out_path = Path(out_dir)
+    folders = [check_adapter_dir(folder) for folder in adapter_dirs]
+    print(f"[merge] {', '.join(map(str, folders))} into {base}", file=sys.stderr, flush=True)
+    model = load_causal_lm(base, torch.float32)
+    for folder in folders:
+        try:
+            model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        except (ValueError, RuntimeError, KeyError) as exc:
+            raise ModelLoadError(
+                f"adapter {folder} does not fit base model {base}: {exc}".splitlines()[0],
+                hint="merge into the same base model the adapter was trained on",
+            ) from exc
+    target = Path(out_dir)
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.to(save_dtype).save_pretrained(str(staging), safe_serialization=True)
+    load_tokenizer(base).save_pretrained(str(staging))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def merge_adapter(
+    base: str, adapter_dir: str | Path, out_dir: str | Path, config: CodeQConfig
+) -> Path:
+    """`codeq merge`: one adapter into `base`, saved in the training precision's dtype."""
+    import torch
+
     dtype = torch.bfloat16 if config.train.precision == "bf16" else torch.float32
-    print(f"[merge] {adapter_path} into {base}", file=sys.stderr, flush=True)
-    model = load_causal_lm(base, dtype)
-    try:
-        peft_model = PeftModel.from_pretrained(model, str(adapter_path))
-    except (ValueError, RuntimeError, KeyError) as exc:
-        raise ModelLoadError(
-            f"adapter {adapter_path} does not fit base model {base}: {exc}".splitlines()[0],
-            hint="merge into the same base model the adapter was trained on",
-        ) from exc
-    merged = peft_model.merge_and_unload()
-    out_path.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(str(out_path), safe_serialization=True)
-    load_tokenizer(base).save_pretrained(str(out_path))
-    return out_path
+    return merge_adapters(base, [adapter_dir], out_dir, dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from codeq.config import PolicyConfig
 from codeq.errors import MissingInputError
 from codeq.policy.source import announce_load, load_error
 
@@ -41,3 +42,31 @@ def load_causal_lm(source: str, dtype: Any) -> Any:
         return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise load_error(source, source, exc) from exc
+
+
+def training_quantization(policy: PolicyConfig) -> str:
+    """How training loads the base: as sampling does (policy.quantization on its device), so
+    on CUDA an NF4-sampled policy is trained as QLoRA on the same NF4 weights."""
+    from codeq.policy.engine import resolve_device, resolve_quantization
+
+    return resolve_quantization(policy, resolve_device(policy))
+
+
+def load_training_model(source: str, dtype: Any, quantization: str) -> Any:
+    """The base model DPO puts a LoRA on: plain weights in `dtype`, or 4-bit NF4 weights with
+    `dtype` compute (QLoRA: peft's k-bit preparation keeps norms and the head in fp32)."""
+    if quantization != "nf4":
+        return load_causal_lm(source, dtype)
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM
+
+    from codeq.policy.engine import nf4_config
+
+    announce_load(source, source)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, quantization_config=nf4_config(dtype), device_map={"": 0}
+        )
+    except (OSError, ValueError) as exc:
+        raise load_error(source, source, exc) from exc
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
 from codeq.config import SandboxConfig
 from codeq.sandbox import ExecRequest, ExecResult, Sandbox
+from codeq.sandbox.server import READY_CHILDREN
 
 RUNNER = """
 def run_call(namespace, call):
@@ -102,3 +104,64 @@ def still_running(processes: dict[int, str]) -> dict[int, str]:
         if now == command and state not in (b"Z", b"X"):
             alive[pid] = command
     return alive
+
+
+def host_processes() -> dict[int, str]:
+    """descendants() without gVisor's stub processes: gVisor backs each sandboxed address space
+    with a host stub (empty command line) that it pools and reuses; those are the sandbox's own,
+    checked from inside instead."""
+    return {pid: command for pid, command in descendants().items() if command}
+
+
+def runsc_role(command: str) -> str | None:
+    """Which of one `runsc do`'s own processes this command line is, or None: the `runsc do`
+    the worker started, its re-exec of itself (/proc/self/exe, runsc from 2024 on), its gofer
+    and its sandbox."""
+    argv = command.split()
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if name in ("runsc-gofer", "runsc-sandbox"):
+        return name.removeprefix("runsc-")
+    if "do" in argv[1:]:
+        if name == "runsc":
+            return "do"
+        if argv[0] == "/proc/self/exe":
+            return "re-exec"
+    return None
+
+
+def unaccounted(sandbox: Sandbox, processes: dict[int, str]) -> dict[int, str]:
+    """The processes in `processes` that the sandbox's workers do not account for.
+
+    gVisor: each worker is one `runsc do`, so every process must be one of its roles and no role
+    may occur more often than there are workers (a process the program left on the host, or a
+    runsc of a replaced worker still alive, is reported). Host subprocess backend: per worker the
+    server, its spawner and the children ready for the next runs; anything more is reported."""
+    if sandbox.backend == "gvisor":
+        stray: dict[int, str] = {}
+        by_role: dict[str, dict[int, str]] = {}
+        for pid, command in processes.items():
+            role = runsc_role(command)
+            if role is None:
+                stray[pid] = command
+            else:
+                by_role.setdefault(role, {})[pid] = command
+        for members in by_role.values():
+            if len(members) > sandbox.workers:
+                stray.update(members)
+        return stray
+    allowed = sandbox.workers * (2 + READY_CHILDREN)
+    return processes if len(processes) > allowed else {}
+
+
+def leftover_host_processes(sandbox: Sandbox, window_s: float = 10.0) -> dict[int, str]:
+    """Host processes below us that the sandbox does not account for and that stay for the whole
+    window. A child the spawner is forking for its pool, or one it is still reaping, shows up
+    only for a moment, so each snapshot is judged on its own and the first clean one wins."""
+    deadline = time.monotonic() + window_s
+    left = unaccounted(sandbox, host_processes())
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = unaccounted(sandbox, host_processes())
+    return left

@@ -1,0 +1,437 @@
+"""The learning curve of a real code model: does search help, does each chained round of DPO help?
+
+Runs the product's own round (prepare -> collect -> pairs -> train -> evaluate -> promote ->
+report, against a local store) for `--rounds` chained rounds, each starting from the policy the
+earlier rounds promoted, and evaluates on the same test tasks the base model and every policy a
+round promoted: zero_shot, full_rewrite, MCTS at budgets 1/2/4/8 and best-of-N at the same
+numbers of programs. Decisions (promotion, the learning rate) use the validation split only; the
+test split is reported. Every part is resumable (stages keep completion markers, collect keeps
+each finished task): rerun the same command after an interruption and it continues.
+
+    # Qwen2.5-Coder-0.5B (see ../shared/models/README.md), DebugBench: hours on 2 CPU cores
+    nohup python bench/learning_curve.py > curve.log 2>&1 &
+    # the tiny version the test suite runs (SmolLM2, builtin tasks): about a minute
+    python bench/learning_curve.py --tiny --out /tmp/curve-tiny --results /tmp/curve-tiny/results
+
+Results: `<results>/summary.json` (every number below, with the settings and timings) and
+`<results>/<policy>-test.json` (each evaluated policy's full results, per task); the table is
+printed at the end and is what docs/results.md shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+DEBUGBENCH = REPO.parent / "shared" / "debugbench"
+TEST_MODES = ["zero_shot", "full_rewrite", "mcts", "bon"]
+BASE_RUN = "curve"  # round 0's tasks, trajectories and pairs; each learning rate's run copies them
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "codeq-runs" / "curve")
+    parser.add_argument(
+        "--results", type=Path, default=REPO / "docs" / "results" / "learning-curve"
+    )
+    parser.add_argument("--model", default=str(QWEN_GGUF))
+    parser.add_argument("--source", default=str(DEBUGBENCH))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--test-tasks", type=int, default=60)
+    parser.add_argument("--validation-tasks", type=int, default=40)
+    parser.add_argument("--train-tasks", type=int, default=100, help="collected per round")
+    parser.add_argument(
+        "--learning-rates",
+        default="5e-6,1e-4",
+        help="LoRA learning rates tried in round 0; the one whose candidate solves the most "
+        "validation tasks trains every round (a single value skips the choice)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="search seed")
+    parser.add_argument("--tiny", action="store_true", help="SmolLM2 and builtin tasks, minutes")
+    return parser.parse_args()
+
+
+def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The config of every round: production defaults, sized for a 2-core CPU."""
+    settings: dict[str, Any] = {
+        "tasks": {
+            "source": args.source,
+            "test_fraction": 0.15,
+            "validation_fraction": 0.15,
+            "train_per_round": args.train_tasks,
+        },
+        "policy": {
+            "model": args.model,
+            "max_new_tokens": 512,
+            "critique_max_new_tokens": 24,
+            "batch_size": 32,
+        },
+        "search": {
+            "rewrites_per_expansion": 2,
+            "rollouts": 4,
+            "max_depth": 2,
+            "parallel_trees": 16,
+            "bon_samples": 8,
+            "seed": args.seed,
+        },
+        "pairs": {"max_pairs_per_task": 2},
+        "train": {
+            "lora_r": 16,
+            "lora_alpha": 32,
+            "per_device_batch_size": 1,
+            "gradient_accumulation_steps": 8,
+            "max_length": 1536,
+            "eval_fraction": 0.1,
+            "eval_steps": 4,
+        },
+        "evaluate": {
+            "modes": ["full_rewrite"],
+            "rollout_ablation": [1, 2, 4, 8],
+            "max_tasks": args.test_tasks,
+        },
+        "promotion": {"modes": ["full_rewrite"], "max_tasks": args.validation_tasks},
+        "store": {"uri": f"file://{args.out.resolve() / 'store'}", "run": "curve"},
+    }
+    if args.tiny:
+        settings["tasks"].update({"test_fraction": 0.25, "validation_fraction": 0.25})
+        settings["policy"].update(
+            {"max_new_tokens": 48, "critique_max_new_tokens": 8, "batch_size": 8}
+        )
+        settings["search"].update({"rollouts": 1, "max_depth": 1, "bon_samples": 2})
+        settings["pairs"]["min_value_gap"] = 0.0
+        settings["train"].update(
+            {"lora_r": 4, "lora_alpha": 8, "max_steps": 1, "eval_fraction": 0.0, "max_length": 1024}
+        )
+        settings["evaluate"]["rollout_ablation"] = [1, 2]
+    return settings
+
+
+class Curve:
+    """The experiment's parts, each skipped when its output exists; times and ETA per part."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from codeq.config import load_config
+        from codeq.pipeline.stages import StageContext
+        from codeq.store import open_store
+
+        self.args = args
+        self.config = load_config(None, curve_settings(args))
+        self.store = open_store(self.config.store)
+        self.results = args.results
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.engines: dict[str, Any] = {}
+        self.context = StageContext
+        self.state_path = self.results / "timings.json"
+        self.timings: dict[str, float] = (
+            json.loads(self.state_path.read_text()) if self.state_path.is_file() else {}
+        )
+        self.started = time.perf_counter()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def part(self, name: str, weight: float, done: bool, work: Any) -> Any:
+        """Run one part unless `done`; record its time; print progress with an ETA."""
+        if done:
+            self.finished_weight += weight
+            print(f"[curve] {name}: done earlier, skipped", file=sys.stderr, flush=True)
+            return None
+        print(f"[curve] {name}: starting; {self.eta()}", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        value = work()
+        seconds = time.perf_counter() - began
+        self.timings[name] = round(seconds, 1)
+        self.state_path.write_text(json.dumps(self.timings, indent=1) + "\n")
+        self.finished_weight += weight
+        self.run_weight += weight
+        self.run_seconds += seconds
+        print(f"[curve] {name}: took {seconds / 60:.1f} min", file=sys.stderr, flush=True)
+        return value
+
+    def eta(self) -> str:
+        """Time left, from this process's pace over the parts it ran (by rough weights)."""
+        if not self.run_weight:
+            return "no ETA yet"
+        left = self.run_seconds / self.run_weight * (self.total_weight - self.finished_weight)
+        return f"about {left / 3600:.1f} h left"
+
+    total_weight = 0.0
+    finished_weight = 0.0
+    run_weight = 0.0
+    run_seconds = 0.0
+
+    def ctx(self, round_number: int, run: str | None = None, config: Any = None) -> Any:
+        config = config or self.config
+        store_config = config.store.model_copy(
+            update={"round": round_number, "run": run or self.run}
+        )
+        return self.context(
+            config=config.model_copy(update={"store": store_config}),
+            store=self.store,
+            scratch=self.args.out / "work" / (run or self.run),
+            engines=self.engines,
+        )
+
+    run = BASE_RUN
+
+    # ------------------------------------------------------------------ parts
+
+    def stage(
+        self, round_number: int, stage: str, run: str | None = None, config: Any = None
+    ) -> None:
+        from codeq.pipeline.stages import STAGE_FUNCTIONS
+
+        ctx = self.ctx(round_number, run, config)
+        output = {"prepare": "tasks", "collect": "trajectories/shard-0", "train": "adapter"}
+        key = output.get(stage, {"evaluate": "eval"}.get(stage, stage))
+        self.part(
+            f"{ctx.layout.run} round {round_number} {stage}",
+            WEIGHTS[stage],
+            self.store.is_complete(ctx.layout.stage(key)),
+            lambda: STAGE_FUNCTIONS[stage](ctx),
+        )
+
+    def test_modes(self, name: str, policy: Any) -> None:
+        """Every test mode for one policy (cached by the policy's lineage id)."""
+        from codeq.evaluate import evaluate
+        from codeq.pipeline.policies import load_policy
+
+        target = self.results / f"{name}-test.json"
+        recorded = json.loads(target.read_text()) if target.is_file() else None
+        done = recorded is not None and recorded.get("policy") == policy.model_dump(mode="json")
+        ctx = self.ctx(0)
+        tasks_dir = self.args.out / "work" / "tasks-test"
+        config = self.config.model_copy(
+            update={"evaluate": self.config.evaluate.model_copy(update={"modes": TEST_MODES})}
+        )
+
+        def work() -> None:
+            self.store.get_dir(ctx.layout.stage("tasks"), tasks_dir)
+            results = evaluate(
+                tasks_dir,
+                self.args.out / "eval" / name,
+                config,
+                split="test",
+                engine=load_policy(ctx, policy),
+                policy=policy,
+            )
+            results.save(target)
+
+        self.part(f"test modes of {name}", WEIGHTS["test_modes"], done, work)
+
+    def choose_learning_rate(self) -> str:
+        """Round 0 once per learning rate, each as its own run that shares round 0's tasks,
+        trajectories and pairs (copied in the store) and trains, evaluates, promotes and
+        reports for real. The run whose candidate solves the most validation tasks carries
+        the curve on (ties: the smaller rate). Returns that run's name."""
+        rates = [float(rate) for rate in self.args.learning_rates.split(",")]
+        trials = []
+        for rate in rates:
+            run = f"{BASE_RUN}-lr{rate:g}"
+            self.copy_round_inputs(run)
+            config = self.config.model_copy(
+                update={"train": self.config.train.model_copy(update={"learning_rate": rate})}
+            )
+            for stage in ("train", "evaluate", "promote", "report"):
+                self.stage(0, stage, run=run, config=config)
+            trials.append(self.trial_summary(run, rate))
+        best = max(trials, key=lambda trial: (trial["validation_solved"], -trial["learning_rate"]))
+        (self.results / "learning-rate.json").write_text(
+            json.dumps({"chosen_run": best["run"], "trials": trials}, indent=1) + "\n"
+        )
+        return str(best["run"])
+
+    def copy_round_inputs(self, run: str) -> None:
+        """Round 0's tasks, trajectories and pairs of the base run, copied into `run`."""
+        from codeq.store import RoundLayout
+
+        source, target = RoundLayout(BASE_RUN, 0), RoundLayout(run, 0)
+        for name in ("tasks", "trajectories/shard-0", "pairs"):
+            if self.store.is_complete(target.stage(name)):
+                continue
+            folder = self.args.out / "work" / "copies" / run / name
+            self.store.get_dir(source.stage(name), folder)
+            self.store.put_dir(target.stage(name), folder)
+            self.store.mark_complete(target.stage(name), self.store.marker(source.stage(name)))
+
+    def trial_summary(self, run: str, rate: float) -> dict[str, Any]:
+        from codeq.evaluate.results import EvalResults
+        from codeq.store import RoundLayout
+
+        layout = RoundLayout(run, 0)
+        folder = self.args.out / "work" / "trials" / run
+        self.store.get_dir(layout.stage("eval"), folder)
+        metrics = self.store.get_json(layout.stage("adapter") + "/metrics.json")
+        validation = {
+            role: EvalResults.load(folder / role / "validation").primary()
+            for role in ("candidate", "incumbent")
+        }
+        return {
+            "run": run,
+            "learning_rate": rate,
+            "validation_solved": validation["candidate"].solved,
+            "validation_incumbent_solved": validation["incumbent"].solved,
+            "validation_tasks": validation["candidate"].n,
+            "heldout_reward_accuracy_final": metrics.get("heldout_reward_accuracy_final"),
+            "global_steps": metrics.get("global_steps"),
+            "pairs": metrics.get("pairs"),
+            "promoted": self.store.marker(layout.stage("promote")).get("promote"),
+        }
+
+
+WEIGHTS = {
+    "prepare": 0.3,
+    "collect": 3.0,
+    "pairs": 0.05,
+    "train": 3.0,
+    "evaluate": 1.5,
+    "promote": 0.05,
+    "report": 0.05,
+    "validation": 0.4,
+    "test_modes": 6.0,
+}
+ROUND_STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from codeq.pipeline.policies import current_policy
+
+    curve = Curve(args)
+    rates = len(args.learning_rates.split(","))
+    round_weight = sum(WEIGHTS[stage] for stage in ROUND_STAGES)
+    trial_weight = sum(WEIGHTS[stage] for stage in ("train", "evaluate", "promote", "report"))
+    curve.total_weight = (
+        WEIGHTS["test_modes"] * (args.rounds + 1)
+        + args.rounds * round_weight
+        + (rates - 1) * trial_weight
+    )
+    evaluated: dict[str, str] = {}
+    for number in range(args.rounds):
+        if number == 0:  # 1. the base model's tasks, test modes, trajectories and pairs
+            for stage in ("prepare", "collect", "pairs"):
+                if stage == "collect":
+                    base = current_policy(curve.ctx(0))
+                    curve.test_modes("base", base)
+                    evaluated[base.id] = "base"
+                curve.stage(0, stage)
+            # 2. round 0 trained once per learning rate; validation picks the run to go on with
+            curve.run = curve.choose_learning_rate()
+            chosen = json.loads((args.results / "learning-rate.json").read_text())["trials"]
+            rate = next(t["learning_rate"] for t in chosen if t["run"] == curve.run)
+            curve.config = curve.config.model_copy(
+                update={"train": curve.config.train.model_copy(update={"learning_rate": rate})}
+            )
+        else:  # 3. later rounds chain from what the run promoted so far
+            for stage in ROUND_STAGES:
+                curve.stage(number, stage)
+        promoted = current_policy(curve.ctx(number))
+        if promoted.id not in evaluated:  # 4. every promoted policy on the test modes
+            curve.test_modes(f"round-{number}", promoted)
+            evaluated[promoted.id] = f"round-{number}"
+    summary = summarize(curve, evaluated)
+    (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(table(summary))
+    return summary
+
+
+def summarize(curve: Curve, evaluated: dict[str, str]) -> dict[str, Any]:
+    """Every number of the curve: per policy and mode the solve rate with its Wilson interval
+    and the programs written; per round the decision and the paired test against the previous
+    policy on the test split (reported, never used to decide)."""
+    from codeq.evaluate.results import EvalResults
+    from codeq.promotion import compare
+
+    policies = {}
+    loaded: dict[str, EvalResults] = {}
+    for name in evaluated.values():
+        results = EvalResults.load(curve.results / f"{name}-test.json")
+        loaded[name] = results
+        rows = {mode: results.modes[mode] for mode in results.modes}
+        rows.update({f"mcts@{b}": r for b, r in results.mcts_rollout_ablation.items()})
+        rows.update({f"bon@{n}": r for n, r in results.bon_ablation.items()})
+        policies[name] = {
+            "lineage": results.policy.describe() if results.policy else None,
+            "tasks": len(results.task_ids),
+            "modes": {
+                key: {
+                    "solved": row.solved,
+                    "n": row.n,
+                    "solve_rate": row.solve_rate,
+                    "ci_low": row.ci_low,
+                    "ci_high": row.ci_high,
+                    "programs": row.programs,
+                    "completion_tokens": row.completion_tokens,
+                    "seconds": row.seconds,
+                }
+                for key, row in rows.items()
+            },
+        }
+    rounds = []
+    names = list(evaluated.values())
+    for number in range(curve.args.rounds):
+        layout = curve.ctx(number).layout
+        decision = curve.store.get_json(layout.stage("promote") + "/decision.json")
+        train = curve.store.get_json(layout.stage("adapter") + "/metrics.json")
+        pairs = curve.store.get_json(layout.stage("pairs") + "/stats.json")
+        entry: dict[str, Any] = {
+            "round": number,
+            "pairs": pairs.get("pairs"),
+            "learning_rate": (train.get("config") or {}).get("learning_rate"),
+            "global_steps": train.get("global_steps"),
+            "heldout_reward_accuracy_final": train.get("heldout_reward_accuracy_final"),
+            "promoted": decision["promote"],
+            "reason": decision["reason"],
+        }
+        name = f"round-{number}"
+        if name in loaded:
+            previous = loaded[names[names.index(name) - 1]]
+            entry["test_vs_previous"] = {
+                mode: compare(mode, loaded[name], previous).model_dump()
+                for mode in ("zero_shot", "full_rewrite")
+            }
+        rounds.append(entry)
+    return {
+        "settings": curve_settings(curve.args),
+        "timings_seconds": curve.timings,
+        "policies": policies,
+        "rounds": rounds,
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    names = list(summary["policies"])
+    keys = list(next(iter(summary["policies"].values()))["modes"]) if names else []
+    lines = ["| mode | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for key in keys:
+        cells = []
+        for name in names:
+            row = summary["policies"][name]["modes"].get(key)
+            cells.append(
+                "–"
+                if row is None
+                else f"{row['solved']}/{row['n']} ({100 * row['solve_rate']:.1f}%, "
+                f"{100 * row['ci_low']:.0f}–{100 * row['ci_high']:.0f}; {row['programs']:.1f} progs)"
+            )
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.tiny:
+        args.model = "smollm2"
+        args.source = "builtin"
+        args.test_tasks, args.validation_tasks, args.train_tasks = 3, 2, 4
+        args.rounds = min(args.rounds, 2)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The evaluation's results as typed records: what `evaluate` writes to results.json and what
+promotion and the report read back (one shape, parsed in one place)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from codeq.errors import CorruptInputError, MissingInputError
+from codeq.schemas import Lineage
+
+Split = Literal["validation", "test"]
+SCORED_ON = "visible+hidden"
+
+
+class Rate(BaseModel):
+    """A solve rate with its Wilson interval."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int
+    solved: int
+    solve_rate: float
+    ci_low: float
+    ci_high: float
+
+
+class ModeResult(Rate):
+    """One mode on every task: the returned program of each task, scored on all its tests."""
+
+    per_task: dict[str, bool] = Field(description="task_id -> the returned program passed.")
+    by_level: dict[str, Rate] = Field(default_factory=dict)
+    by_category: dict[str, Rate] = Field(default_factory=dict)
+    by_subtype: dict[str, Rate] = Field(default_factory=dict)
+    programs: float = Field(0.0, description="Mean programs the policy wrote per task.")
+    completion_tokens: int | None = Field(
+        None, description="Tokens generated, critiques included (whole searches only)."
+    )
+    prompt_tokens: int | None = None
+    seconds: float | None = Field(None, description="Wall time of the search (whole searches).")
+    rollouts: int | None = Field(None, description="MCTS: the rollout budget.")
+    samples: int | None = Field(None, description="Best-of-N: N.")
+
+
+class AnyNodeResult(Rate):
+    label: str
+    per_task: dict[str, bool]
+
+
+class EvalResults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    adapter: str | None = None
+    policy: Lineage | None = Field(None, description="The evaluated policy's lineage.")
+    split: Split = "test"
+    task_ids: list[str]
+    primary_mode: str
+    confidence: float
+    seed: int = 0
+    scored_on: str = Field(
+        SCORED_ON, description="Each returned program is scored on visible and hidden tests."
+    )
+    search_reward_tests: str = "visible"
+    modes: dict[str, ModeResult]
+    mcts_rollout_ablation: dict[str, ModeResult] = Field(
+        default_factory=dict, description="MCTS limited to b rollouts, by b."
+    )
+    bon_ablation: dict[str, ModeResult] = Field(
+        default_factory=dict, description="Best-of-n from the first n samples, by n."
+    )
+    any_node_passed: AnyNodeResult | None = None
+
+    def primary(self) -> ModeResult:
+        return self.modes[self.primary_mode]
+
+    def save(self, path: Path) -> None:
+        from codeq.schemas import write_json
+
+        write_json(path, self.model_dump(mode="json"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> EvalResults:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "results.json"
+        if not path.is_file():
+            raise MissingInputError(
+                f"{path} does not exist", hint="run the evaluate stage (or `codeq evaluate`) first"
+            )
+        try:
+            results = cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise CorruptInputError(
+                f"{path} is not an evaluation result ({where}: {first['msg']})",
+                hint="rerun the evaluate stage",
+            ) from None
+        if results.primary_mode not in results.modes:
+            raise CorruptInputError(
+                f"{path} has no results for its primary mode {results.primary_mode!r}",
+                hint="rerun the evaluate stage",
+            )
+        return results

@@ -1,0 +1,100 @@
+"""The policy a round runs with, read from and written to the store.
+
+`runs/<run>/current/CURRENT.json` names the promoted policy as a lineage (base model + the
+adapters promoted so far, each with its round, sha256 and store prefix); before any promotion
+the policy is the configured base model. A stage turns a lineage into a loadable model folder by
+downloading its adapters (checked against their manifests and sha256) and merging them once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from codeq.config import CodeQConfig
+from codeq.errors import ConfigError, CorruptInputError
+from codeq.schemas import Lineage
+from codeq.store import join_key, log
+
+if TYPE_CHECKING:
+    from codeq.pipeline.stages import StageContext
+
+CURRENT_INFO = "CURRENT.json"
+
+
+def base_policy(ctx: StageContext) -> Lineage:
+    from codeq.train.lineage import base_lineage
+
+    key = f"base:{ctx.config.policy.model}"
+    if key not in ctx.lineages:
+        ctx.lineages[key] = base_lineage(ctx.config.policy)
+    return ctx.lineages[key]
+
+
+def current_policy(ctx: StageContext) -> Lineage:
+    """The promoted policy of the run (the base model before any promotion). Refuses a run
+    whose recorded base is not the configured model: its adapters fit only that base."""
+    base = base_policy(ctx)
+    key = join_key(ctx.layout.current, CURRENT_INFO)
+    if not ctx.store.exists(key):
+        return base
+    info = ctx.store.get_json(key)
+    try:
+        current = Lineage.model_validate(info["policy"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptInputError(
+            f"{ctx.store.describe(key)} names no policy lineage ({type(exc).__name__})",
+            hint="promote a round again, or start a new run (store.run)",
+        ) from None
+    if (current.base_model, current.base_sha256) != (base.base_model, base.base_sha256):
+        raise ConfigError(
+            f"run {ctx.layout.run!r} builds on base model {current.base_model} "
+            f"({current.base_sha256[:12]}), but policy.model is {base.base_model} "
+            f"({base.base_sha256[:12]})",
+            hint="keep the run's base model, or start a new run (store.run)",
+        )
+    return current
+
+
+def set_current(ctx: StageContext, policy: Lineage) -> None:
+    """Make `policy` the run's promoted policy (one object, replaced atomically)."""
+    ctx.store.put_json(
+        join_key(ctx.layout.current, CURRENT_INFO),
+        {"round": ctx.layout.round, "policy": policy.model_dump(mode="json")},
+    )
+
+
+def fetch_adapters(ctx: StageContext, policy: Lineage) -> list[Path]:
+    """Download every adapter of the lineage (manifest-checked) into the scratch folder."""
+    folders = []
+    for link in policy.adapters:
+        ctx.store.require_complete(link.source, f"round {link.round}'s adapter")
+        target = ctx.scratch / "adapters" / f"round-{link.round}-{link.sha256[:12]}"
+        if not (target / "adapter_config.json").is_file():
+            ctx.store.get_dir(link.source, target)
+        folders.append(target)
+    return folders
+
+
+def policy_config(ctx: StageContext, policy: Lineage) -> CodeQConfig:
+    """The config with policy.model pointing at a folder that loads as `policy`."""
+    from codeq.train.lineage import materialize
+
+    if policy.adapters:
+        log(f"policy: {policy.describe()}")
+    model = materialize(policy, fetch_adapters(ctx, policy), ctx.config.policy)
+    return ctx.config.model_copy(
+        update={"policy": ctx.config.policy.model_copy(update={"model": model, "adapter": None})}
+    )
+
+
+def load_policy(ctx: StageContext, policy: Lineage) -> Any:
+    """A generation engine for `policy`, loaded once per lineage and shared by the stages of a
+    local round."""
+    if policy.id not in ctx.engines:
+        from codeq.policy import PolicyEngine
+
+        config = policy_config(ctx, policy)
+        log(f"loading the policy {policy.describe()}")
+        ctx.engines[policy.id] = PolicyEngine.load(config.policy, seed=config.tasks.seed)
+    return ctx.engines[policy.id]

@@ -1,0 +1,417 @@
+"""What an operator's pipeline runs on the chart before `helm install`, run here by `make test`:
+
+1. real Helm v4 lint (strict) and render of every helm/codeq/ci/*-values.yaml;
+2. every rendered object under the strict Kubernetes 1.33 schemas (kubernetes-validate);
+3. the Jobs embedded in the WorkflowTemplate's resource templates and the pods of its container
+   templates, extracted with Argo's `{{...}}` placeholders substituted by plausible values, under
+   the same strict schemas;
+4. the WorkflowTemplate under Argo's own JSON schema made strict (additionalProperties: false
+   wherever an object lists its properties), read from ../shared/argo/schema.json beside the
+   repository (never committed; CODEQ_ARGO_SCHEMA overrides the path);
+5. the resource templates' success and failure conditions parsed and judged as Argo does
+   (tests/argo_conditions.py) against the Job states that matter;
+6. checkov on all of it, 0 failed, each skip justified beside it (`checkov.io/skipN:
+   CHECK=reason` annotations, a comment in the template next to them).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from argo_conditions import SelectorError, judge, parse
+from test_helm import (
+    ARGO_SAMPLE,
+    CHART,
+    NAMESPACE,
+    REPO,
+    SCENARIOS,
+    STAGES,
+    argo_schema_path,
+    helper_pods,
+    objects,
+    scenario_values,
+    stage_jobs,
+    templates,
+    workflow_template,
+)
+
+helm = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+jsonschema = pytest.importorskip("jsonschema")
+
+KUBE_VERSION = "1.33.0"
+
+
+# ----------------------------------------------------------------------------- 1. lint
+
+
+def test_there_are_scenarios_for_production_identity_kind_and_a_shared_cluster():
+    assert {"default", "irsa", "kind", "kueue"} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_helm_lint_strict_passes(scenario):
+    report = helm.lint(CHART, scenario_values(scenario), strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert report["total_charts_linted"] == 1
+    assert not problems, problems
+
+
+def test_lint_catches_a_broken_values_file():
+    """The lint check can fail: a value of the wrong type is an error."""
+    report = helm.lint(CHART, {"stages": {"collect": {"shards": "many"}}}, strict=True)
+    assert report["errors"] or [m for m in report["messages"] if m["severity"] == 3]
+
+
+# ----------------------------------------------------------------------------- 2-3. Kubernetes
+
+
+def validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_rendered_object_is_valid_under_strict_kubernetes_schemas(scenario):
+    checked = 0
+    for obj in objects(scenario):
+        if obj["apiVersion"].startswith("argoproj.io/"):
+            continue
+        validate(obj)
+        checked += 1
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_jobs_and_pods_inside_the_workflow_are_valid_under_strict_kubernetes_schemas(scenario):
+    jobs = stage_jobs(scenario)
+    assert sorted(jobs) == sorted(STAGES)
+    for job in jobs.values():
+        validate(job)
+    pods = helper_pods(scenario)
+    assert set(pods) == {"resolve-round", "release-jobs"}
+    for pod in pods.values():
+        validate(pod)
+
+
+def test_strict_kubernetes_validation_can_fail():
+    job = stage_jobs("default")["collect"]
+    job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(job)
+    # The 1.33 schema requires a status on pod-condition rules (a Job without one is refused).
+    job = stage_jobs("default")["train"]
+    del job["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["status"]
+    with pytest.raises(kubernetes_validate.ValidationError, match="status"):
+        validate(job)
+
+
+# ----------------------------------------------------------------------------- 4. Argo
+
+
+def strict(schema: Any) -> Any:
+    """Argo's schema with additionalProperties: false wherever an object lists its properties."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def strict_argo_definitions() -> dict[str, Any]:
+    path = argo_schema_path()
+    if not path.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Argo schema missing at {path} (set CODEQ_ARGO_SCHEMA)")
+        pytest.skip(
+            f"Argo's JSON schema is not at {path}: it is read from ../shared/argo/schema.json "
+            "beside the repository (or CODEQ_ARGO_SCHEMA) and never committed"
+        )
+    return strict(json.loads(path.read_text()))["definitions"]
+
+
+def argo_validator(kind: str = "WorkflowTemplate") -> Any:
+    return jsonschema.Draft7Validator(
+        {
+            "definitions": strict_argo_definitions(),
+            "$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}",
+        }
+    )
+
+
+def argo_errors(document: dict[str, Any], kind: str = "WorkflowTemplate") -> list[str]:
+    errors = sorted(argo_validator(kind).iter_errors(document), key=str)
+    return [f"{list(e.absolute_path)}: {e.message}" for e in errors[:10]]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_workflow_template_valid_under_strict_argo_schema(scenario):
+    assert not argo_errors(workflow_template(scenario))
+
+
+def test_strict_argo_schema_rejects_a_misspelt_field():
+    wt = copy.deepcopy(workflow_template("default"))
+    (start,) = [t for t in wt["spec"]["templates"] if t["name"] == "train-start"]
+    start["resource"]["successCondtion"] = "status.succeeded > 0"
+    assert argo_errors(wt)
+
+
+# ----------------------------------------------------------------------------- 5. conditions
+
+
+def conditions(*entries: tuple[str, str, str]) -> list[dict[str, str]]:
+    return [{"type": t, "status": s, "reason": r} for t, s, r in entries]
+
+
+JOB_STATES = {
+    # Kueue holds it: suspended, no startTime, nothing failed.
+    "queued": {"conditions": conditions(("Suspended", "True", "JobSuspended"))},
+    "running": {"startTime": "t", "active": 1, "ready": 1},
+    # Admitted but its pods never schedule: the Job object shows nothing; its
+    # activeDeadlineSeconds (counted from startTime) turns this into DeadlineExceeded.
+    "unschedulable": {"startTime": "t", "active": 1, "ready": 0},
+    "some shards failed": {"startTime": "t", "active": 2, "failed": 2, "failedIndexes": "1"},
+    "complete": {
+        "startTime": "t",
+        "completionTime": "t",
+        "succeeded": 1,
+        "conditions": conditions(
+            ("SuccessCriteriaMet", "True", "CompletionsReached"),
+            ("Complete", "True", "CompletionsReached"),
+        ),
+    },
+    "failed": {
+        "startTime": "t",
+        "failed": 3,
+        "conditions": conditions(
+            ("FailureTarget", "True", "BackoffLimitExceeded"),
+            ("Failed", "True", "BackoffLimitExceeded"),
+        ),
+    },
+    # Resumed by Kueue, then over its deadline: the failure is not condition 0.
+    "failed after queueing": {
+        "startTime": "t",
+        "failed": 1,
+        "conditions": conditions(
+            ("Suspended", "False", "JobResumed"),
+            ("FailureTarget", "True", "DeadlineExceeded"),
+            ("Failed", "True", "DeadlineExceeded"),
+        ),
+    },
+    "exit code 2": {
+        "startTime": "t",
+        "failed": 1,
+        "conditions": conditions(
+            ("Suspended", "False", "JobResumed"),
+            ("Failed", "True", "PodFailurePolicy"),
+        ),
+    },
+    "failed, reason unknown to the chart": {
+        "startTime": "t",
+        "conditions": conditions(
+            ("Suspended", "False", "JobResumed"),
+            ("SuccessCriteriaMet", "False", "x"),
+            ("Failed", "True", "SomeFutureReason"),
+        ),
+    },
+}
+EXPECTED = {
+    # state: (start step, finish step, the reason the failure message must name)
+    "queued": ("waiting", "waiting", None),
+    "running": ("succeeded", "waiting", None),
+    "unschedulable": ("succeeded", "waiting", None),
+    "some shards failed": ("succeeded", "waiting", None),
+    "complete": ("succeeded", "succeeded", None),
+    "failed": ("failed", "failed", "BackoffLimitExceeded"),
+    "failed after queueing": ("failed", "failed", "DeadlineExceeded"),
+    "exit code 2": ("failed", "failed", "PodFailurePolicy"),
+    "failed, reason unknown to the chart": ("failed", "failed", "Failed"),
+}
+
+
+@pytest.mark.parametrize("state", sorted(JOB_STATES))
+def test_stage_steps_judge_every_job_state_as_argo_would(state):
+    by_name = templates("default")
+    start, finish = by_name["collect-start"]["resource"], by_name["finish"]["resource"]
+    job = {"kind": "Job", "status": JOB_STATES[state]}
+    start_outcome, start_message = judge(start["successCondition"], start["failureCondition"], job)
+    finish_outcome, message = judge(finish["successCondition"], finish["failureCondition"], job)
+    expected_start, expected_finish, reason = EXPECTED[state]
+    assert (start_outcome, finish_outcome) == (expected_start, expected_finish)
+    if reason:
+        assert reason in message, message
+        assert start_message == message
+
+
+FAILED_STATES = [state for state, expected in EXPECTED.items() if expected[1] == "failed"]
+
+
+@pytest.mark.parametrize("state", FAILED_STATES)
+def test_every_step_waiting_on_a_job_fails_fast_whatever_the_failures_position(state):
+    """Each resource template watching a stage Job fails as soon as the Job has failed, with a
+    message naming the reason, wherever the condition sits in status.conditions."""
+    job = {"kind": "Job", "status": JOB_STATES[state]}
+    watching = [
+        (name, t["resource"])
+        for name, t in templates("default").items()
+        if "failureCondition" in t.get("resource", {})
+    ]
+    assert len(watching) >= len(STAGES)
+    for name, resource in watching:
+        outcome, message = judge("", resource["failureCondition"], job)
+        assert outcome == "failed", f"{name} keeps waiting on a failed Job ({state})"
+        assert EXPECTED[state][2] in message, (name, message)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_conditions_parse_as_kubernetes_label_selectors(scenario):
+    for name, template in templates(scenario).items():
+        resource = template.get("resource", {})
+        for key in ("successCondition", "failureCondition"):
+            if key in resource:
+                assert parse(resource[key]), (name, key)
+
+
+def test_gjson_queries_are_not_valid_condition_keys():
+    """Why the failure condition lists positions: Argo refuses `#(...)` queries as keys."""
+    with pytest.raises(SelectorError):
+        parse('status.conditions.#(type=="Failed").status == True')
+    with pytest.raises(SelectorError):
+        parse("status.conditions.*.type in (Failed)")
+
+
+# ----------------------------------------------------------------------------- 6. checkov
+
+
+def find_tool(name: str) -> str:
+    local = REPO / ".tools" / name / "bin" / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_checkov(directory: Path, framework: str) -> dict[str, Any]:
+    checkov = find_tool("checkov")
+    result = subprocess.run(
+        [
+            checkov,
+            "-d",
+            str(directory),
+            "--framework",
+            framework,
+            "-o",
+            "json",
+            "--compact",
+            "--skip-download",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false"},
+    )
+    if not result.stdout.strip():
+        pytest.fail(f"checkov produced no report (rc={result.returncode}): {result.stderr[-2000:]}")
+    report = json.loads(result.stdout)
+    reports = report if isinstance(report, list) else [report]
+    summary: dict[str, Any] = {
+        "passed": 0,
+        "failed": 0,
+        "skipped": 0,
+        "failed_checks": [],
+        "skipped_checks": [],
+        "resources": set(),
+    }
+    for rep in reports:
+        if "summary" not in rep:  # "no files found" style answers
+            continue
+        summary["passed"] += rep["summary"]["passed"]
+        summary["failed"] += rep["summary"]["failed"]
+        summary["skipped"] += rep["summary"]["skipped"]
+        summary["failed_checks"] += [
+            f"{c['check_id']} {c['resource']} {c['file_path']}"
+            for c in rep["results"].get("failed_checks", [])
+        ]
+        summary["skipped_checks"] += rep["results"].get("skipped_checks", [])
+        for result_list in rep["results"].values():
+            summary["resources"].update(c["resource"] for c in result_list)
+    return summary
+
+
+def everything_rendered() -> dict[str, dict[str, Any]]:
+    """file name -> object: every scenario's objects, its stage Jobs and helper pods."""
+    files = {}
+    for scenario in SCENARIOS:
+        for obj in objects(scenario):
+            files[f"{scenario}-{obj['kind']}-{obj['metadata']['name']}.yaml".lower()] = obj
+        for stage, job in stage_jobs(scenario).items():
+            files[f"{scenario}-job-{stage}.yaml"] = job
+        for name, pod in helper_pods(scenario).items():
+            files[f"{scenario}-pod-{name}.yaml"] = pod
+    return files
+
+
+@pytest.fixture(scope="session")
+def chart_checkov(tmp_path_factory):
+    """checkov once over every scenario's rendered objects plus the Jobs and pods inside the
+    WorkflowTemplate (checkov cannot see into Argo templates by itself)."""
+    out = tmp_path_factory.mktemp("rendered")
+    for name, obj in everything_rendered().items():
+        (out / name).write_text(yaml.safe_dump(obj))
+    return run_checkov(out, "kubernetes")
+
+
+def test_checkov_passes_on_the_rendered_chart(chart_checkov):
+    assert chart_checkov["passed"] > 500
+    assert chart_checkov["failed"] == 0, chart_checkov["failed_checks"]
+    checked = chart_checkov["resources"]
+    for stage in STAGES:
+        assert any(f"Job.{NAMESPACE}.{ARGO_SAMPLE['workflow.name']}-{stage}" in r for r in checked)
+    assert any(r.startswith("Pod.") and "resolve-round" in r for r in checked)
+
+
+def test_every_checkov_skip_carries_a_reason(chart_checkov):
+    """Skips live as `checkov.io/skipN: CHECK=reason` annotations; checkov drops the reason from
+    its report, so the reasons are read from the objects themselves."""
+    reasons: dict[str, set[str]] = {}
+    for obj in everything_rendered().values():
+        for key, value in obj["metadata"].get("annotations", {}).items():
+            if key.startswith("checkov.io/skip"):
+                check, _, reason = value.partition("=")
+                assert len(reason.strip()) > 40, value
+                reasons.setdefault(check, set()).add(reason)
+    skipped = {c["check_id"] for c in chart_checkov["skipped_checks"]}
+    assert skipped, "expected the documented sandbox/tag skips"
+    assert skipped <= set(reasons), skipped - set(reasons)
+    assert skipped == {
+        "CKV_K8S_43",  # images pulled by tag where no digest is set
+        "CKV_K8S_31",  # the sandbox stages' seccomp profile
+        "CKV_K8S_15",  # kind's IfNotPresent
+        "CKV_K8S_35",  # tracking credentials as env (train only, opt-in)
+        "CKV_K8S_8",  # probes on one-shot Argo step pods
+        "CKV_K8S_9",
+        "CKV_K8S_38",  # the exit handler's API token
+    }
+    template = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert "and the reason is the text after it" in template
+
+
+def test_checkov_passes_on_the_github_workflows(tmp_path):
+    report = run_checkov(REPO / ".github" / "workflows", "github_actions")
+    assert report["passed"] > 10
+    assert report["failed"] == 0, report["failed_checks"]
