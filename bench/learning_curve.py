@@ -105,12 +105,14 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["policy"].update(
             {"max_new_tokens": 48, "critique_max_new_tokens": 8, "batch_size": 8}
         )
-        settings["search"].update({"rollouts": 1, "max_depth": 1, "bon_samples": 2})
+        settings["search"].update(
+            {"rollouts": 1, "max_depth": 1, "bon_samples": 2, "parallel_trees": 4}
+        )
         settings["pairs"]["min_value_gap"] = 0.0
         settings["train"].update(
             {"lora_r": 4, "lora_alpha": 8, "max_steps": 1, "eval_fraction": 0.0, "max_length": 1024}
         )
-        settings["evaluate"]["rollout_ablation"] = [1, 2]
+        settings["evaluate"]["rollout_ablation"] = [1]
     return settings
 
 
@@ -428,7 +430,7 @@ def main() -> None:
     if args.tiny:
         args.model = "smollm2"
         args.source = "builtin"
-        args.test_tasks, args.validation_tasks, args.train_tasks = 3, 2, 4
+        args.test_tasks, args.validation_tasks, args.train_tasks = 2, 2, 3
         args.rounds = min(args.rounds, 2)
     run(args)
 

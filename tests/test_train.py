@@ -11,11 +11,13 @@ from codeq.errors import BadInputError, MissingInputError
 from codeq.schemas import ChatMessage, Pair, write_jsonl
 
 
-def make_pairs(count: int, tasks: int = 4, long_every: int = 0) -> list[Pair]:
+def make_pairs(
+    count: int, tasks: int = 4, long_every: int = 0, long_lines: int = 400
+) -> list[Pair]:
     pairs = []
     for index in range(count):
         task = index % tasks
-        body = "x = 1\n" * (400 if long_every and index % long_every == 0 else 1)
+        body = "x = 1\n" * (long_lines if long_every and index % long_every == 0 else 1)
         pairs.append(
             Pair(
                 task_id=f"task{task}",
@@ -152,3 +154,31 @@ def test_held_out_pairs_come_from_unseen_tasks_and_long_pairs_are_counted(tiny_m
 
     assert {task_of(e) for e in train}.isdisjoint({task_of(e) for e in held_out})
     assert train[0]["chosen"][0]["role"] == "assistant"
+
+
+def test_length_bucketing_batches_pairs_of_similar_length(tmp_path, tiny_model_dir) -> None:
+    """Half the pairs are ~10x longer than the others. With bucketing (Trainer's
+    group_by_length over the pairs' token counts) batches hold pairs of one kind, so they carry
+    little padding; without it, random batches mix both kinds. Counted over a whole epoch of
+    real train batches (the trainer's own sampler and collator; no training step needed)."""
+    from codeq.train.dpo import build_trainer
+
+    pairs = [  # both sides of a long pair are long: padding comes only from mixing pairs
+        pair.model_copy(update={"rejected": pair.chosen.replace("+", "-")})
+        for pair in make_pairs(32, tasks=8, long_every=2, long_lines=60)
+    ]
+    ratios = {}
+    for bucketing in (True, False):
+        config = tiny_config(
+            tiny_model_dir,
+            length_bucketing=bucketing,
+            max_length=2048,
+            eval_fraction=0.0,
+            gradient_accumulation_steps=1,
+        )
+        prepared = build_trainer(pairs, tmp_path / str(bucketing), config)
+        for _ in prepared.trainer.get_train_dataloader():
+            pass
+        ratios[bucketing] = prepared.trainer.train_meter.ratio
+    assert ratios[True] > 0.85
+    assert ratios[False] < 0.75

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 ACCURACY_KEY = "eval_rewards/accuracies"
 PROVENANCE_FILE = "provenance.json"
+LENGTH_COLUMN = "length"  # tokens of the longer side of a pair; Trainer buckets batches by it
 
 
 @dataclass
@@ -99,10 +100,11 @@ def split_pairs(
     over = 0
     for pair in pairs:
         example = conversational_example(pair)
-        if pair_length(tokenizer, example) > config.max_length:
+        length = pair_length(tokenizer, example)
+        if length > config.max_length:
             over += 1
             continue
-        kept.append((pair, example))
+        kept.append((pair, {**example, LENGTH_COLUMN: length}))
     if over:
         log.warning(
             "dropped %d of %d pairs longer than max_length=%d", over, len(pairs), config.max_length
@@ -171,6 +173,11 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         fp16=False,
         use_cpu=not torch.cuda.is_available(),
         activation_checkpointing=config.gradient_checkpointing,
+        # length bucketing through Trainer's own option: batches of pairs of similar length
+        train_sampling_strategy="group_by_length" if config.length_bucketing else "random",
+        length_column_name=LENGTH_COLUMN,
+        remove_unused_columns=False,  # keep the length column for the sampler; the collator
+        # reads only the token ids
         max_length=config.max_length,  # longer pairs were dropped before; this never truncates
         eval_strategy="steps" if has_eval else "no",
         eval_steps=config.eval_steps,
@@ -200,32 +207,15 @@ def lora_config(config: TrainConfig) -> Any:
 
 def _make_trainer_class() -> Any:
     from transformers.trainer_callback import PrinterCallback
-    from transformers.trainer_pt_utils import LengthGroupedSampler
     from trl import DPOTrainer
 
-    class BucketedDPOTrainer(DPOTrainer):  # type: ignore[misc, valid-type]
-        """DPOTrainer that batches pairs of similar length and meters padding of train batches."""
+    class MeteredDPOTrainer(DPOTrainer):  # type: ignore[misc, valid-type]
+        """DPOTrainer that meters the padding of its train batches (public hooks only)."""
 
-        def __init__(self, *args: Any, length_bucketing: bool, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.remove_callback(PrinterCallback)  # logs go to stderr via our callback, not stdout
-            self.length_bucketing = length_bucketing
             self.train_meter = PaddingMeter(self.data_collator)
-
-        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
-            if not self.length_bucketing:
-                return super()._get_train_sampler(train_dataset)
-            dataset: Any = self.train_dataset
-            lengths = [
-                len(p) + max(len(c), len(r))
-                for p, c, r in zip(
-                    dataset["prompt_ids"],
-                    dataset["chosen_ids"],
-                    dataset["rejected_ids"],
-                    strict=True,
-                )
-            ]
-            return LengthGroupedSampler(self.args.train_batch_size, lengths=lengths)
 
         def get_train_dataloader(self) -> Any:
             plain, self.data_collator = self.data_collator, self.train_meter
@@ -234,7 +224,7 @@ def _make_trainer_class() -> Any:
             finally:
                 self.data_collator = plain
 
-    return BucketedDPOTrainer
+    return MeteredDPOTrainer
 
 
 def _make_callback(trainer_ref: dict[str, Any]) -> Any:
@@ -421,7 +411,6 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
         processing_class=tokenizer,
         peft_config=lora_config(train_config),
         callbacks=[callback],
-        length_bucketing=train_config.length_bucketing,
     )
     trainer_ref["trainer"] = trainer
     return PreparedTraining(
