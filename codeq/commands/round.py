@@ -61,6 +61,13 @@ def local_config(
     )
 
 
+def check_inputs(config: CodeQConfig) -> None:
+    """A missing local model fails now, in one line, not after the round's first stages."""
+    from codeq.policy.source import check_model_source
+
+    check_model_source(config.policy.model)
+
+
 def announce_settings(config: CodeQConfig) -> None:
     preset = common.chosen_preset(PRESET)
     settings = f"preset {preset}" + (
@@ -98,6 +105,7 @@ def command(
 
     out = out.expanduser().resolve()
     config = local_config(source, out, run, model, max_items, round_number or 0)
+    check_inputs(config)
     if round_number is None:
         number = next_round(open_store(config.store), run)
         config = config.model_copy(

@@ -11,6 +11,7 @@ from codeq.commands.round import (
     RUN_OPTION,
     SOURCE_OPTION,
     announce_settings,
+    check_inputs,
     echo_round,
     local_config,
 )
@@ -37,6 +38,7 @@ def command(
 
     out = out.expanduser().resolve()
     config = local_config(source, out, run, model, max_items, 0)
+    check_inputs(config)
     announce_settings(config)
     summaries = run_rounds(config, out, rounds, source=config.tasks.source)
     if not summaries:

@@ -29,28 +29,41 @@ def looks_like_hf_id(model: str) -> bool:
     )
 
 
-def resolve_model_source(model: str, cache_dir: str) -> str:
-    """A folder or Hugging Face id that `from_pretrained` can load. GGUF files are dequantized
-    once into `cache_dir` (the same folder for every stage). A local path that does not exist
-    is a ModelLoadError here, rather than a puzzling 'repo id' error from the hub client."""
+def check_model_source(model: str) -> None:
+    """Raise ModelLoadError now if `model` names a local model that is not there (a missing
+    folder or .gguf file, a folder without config.json, the SmolLM2 package missing), without
+    loading anything; Hugging Face ids pass (they are checked when they are downloaded)."""
     if model == SMOLLM2_ALIAS:
-        return str(materialize_gguf(smollm2_gguf_path(), cache_dir))
+        smollm2_gguf_path()
+        return
     path = Path(model).expanduser()
     if model.endswith(".gguf"):
         if not path.is_file():
             raise ModelLoadError(f"model file {model} does not exist", hint=MODEL_HINT)
-        return str(materialize_gguf(path, cache_dir))
+        return
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{model} is not a model folder (no config.json)", hint=MODEL_HINT)
-        return str(path)
+        return
     if path.exists():
         raise ModelLoadError(
             f"{model} is a file, not a model folder or .gguf file", hint=MODEL_HINT
         )
     if not looks_like_hf_id(model):
         raise ModelLoadError(f"model path {model} does not exist", hint=MODEL_HINT)
-    return model
+
+
+def resolve_model_source(model: str, cache_dir: str) -> str:
+    """A folder or Hugging Face id that `from_pretrained` can load. GGUF files are dequantized
+    once into `cache_dir` (the same folder for every stage). A local path that does not exist
+    is a ModelLoadError here, rather than a puzzling 'repo id' error from the hub client."""
+    check_model_source(model)
+    if model == SMOLLM2_ALIAS:
+        return str(materialize_gguf(smollm2_gguf_path(), cache_dir))
+    if model.endswith(".gguf"):
+        return str(materialize_gguf(Path(model).expanduser(), cache_dir))
+    path = Path(model).expanduser()
+    return str(path) if path.is_dir() else model
 
 
 def announce_load(model: str, source: str, what: str = "model") -> None:
