@@ -71,6 +71,101 @@ def test_a_folder_that_is_not_a_model(tmp_path, capsys):
     assert "is not a model folder (no config.json)" in error
 
 
+@pytest.mark.parametrize("command", ["round", "rounds"])
+def test_round_with_a_missing_model_fails_before_any_stage(tmp_path, capsys, command):
+    out = tmp_path / "run"
+    argv = [command, "--model", str(tmp_path / "mine.gguf"), "-o", str(out)]
+    argv += ["--rounds", "2"] if command == "rounds" else []
+    assert run(argv) == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error == f"error: model file {tmp_path / 'mine.gguf'} does not exist"
+    assert "smollm2" in hint
+    assert not out.exists(), "nothing is started (no store, no prepared tasks)"
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+def test_unknown_preset(capsys):
+    assert run(["--preset", "laptp", "config"]) == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error == "error: unknown preset 'laptp'"
+    assert hint.startswith("hint: did you mean laptop?") and "production" in hint
+
+
+def test_unknown_preset_from_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("CODEQ_PRESET", "prod")
+    assert run(["round", "-o", "/nonexistent/never-created"]) == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error == "error: unknown preset 'prod'" and "production" in hint
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert run(["-c", str(tmp_path / "mine.yaml"), "config"]) == EXIT_BAD_INPUT
+    error, _ = error_and_hint(capsys.readouterr().err)
+    assert error == f"error: config file not found: {tmp_path / 'mine.yaml'}"
+
+
+def test_config_file_that_is_a_list(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text("- search\n- rollouts\n")
+    assert run(["config", "-c", str(path)]) == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert "must hold a mapping of sections, not list" in error and "search:" in hint
+
+
+def test_bad_value_from_a_flag(tmp_path, capsys):
+    """A value the option's own type accepts but the config key does not."""
+    code = run(["prepare", "--source", "builtin", "--test-fraction", "1.5", "-o", str(tmp_path)])
+    assert code == EXIT_BAD_INPUT
+    error, _ = error_and_hint(capsys.readouterr().err)
+    assert error.startswith("error: invalid config: tasks.test_fraction: ")
+    assert error.endswith("from a command-line flag")
+
+
+def test_unknown_option_names_the_command_help(capsys):
+    assert run(["collect", "--rolouts", "3"]) == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert "No such option: --rolouts" in error and "--rollouts" in error
+    assert hint == "hint: run `codeq collect --help` for usage"
+
+
+# ------------------------------------------------------------------------------ tasks
+
+
+def test_missing_task_source(tmp_path, capsys):
+    missing = tmp_path / "debugbench"
+    assert run(["prepare", "--source", str(missing), "-o", str(tmp_path / "t")]) == 2
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error == f"error: task source {str(missing)!r} does not exist"
+    assert "DebugBench clone" in hint and "builtin" in hint
+
+
+def test_an_empty_task_folder(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code = run(["prepare", "--source", str(tmp_path / "empty"), "-o", str(tmp_path / "t")])
+    assert code == EXIT_BAD_INPUT
+    error, _ = error_and_hint(capsys.readouterr().err)
+    assert "no python3_" in error
+
+
+def test_a_mistyped_relative_folder_read_as_a_hub_id_says_so(tmp_path, monkeypatch, capsys):
+    """`--source data/debugbench` with no such folder is a valid hub id; offline, the error
+    must not only say 'retry later'."""
+    import datasets
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'data/debugbench' on the Hub (offline)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    monkeypatch.chdir(tmp_path)
+    code = run(["prepare", "--source", "data/debugbench", "-o", str(tmp_path / "t")])
+    assert code == EXIT_TRANSIENT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error.startswith("error: cannot reach the Hugging Face hub for 'data/debugbench'")
+    assert "there is no local folder 'data/debugbench'" in hint
+
+
 def trajectory(task_id: str, values: tuple[float, float]) -> Trajectory:
     prompt = [ChatMessage(role="user", content=f"Fix {task_id}")]
     nodes = [Node(id=0, parent=None, depth=0, program="x = 0")] + [
