@@ -106,3 +106,32 @@ def test_yaml_syntax_error_names_line_and_column(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith(f"error: config file {bad} is not valid YAML at line 3, column ")
     assert err[1].startswith("hint: ") and len(err) == 2
+
+
+def test_round_keeps_its_laptop_preset_under_a_user_file(tmp_path, monkeypatch, capsys):
+    """`codeq -c mine.yaml round`: the file changes one key; the rest stays the laptop preset
+    (it used to bring back the production defaults). Only the config the command builds is
+    checked here; tests/test_round.py runs real rounds."""
+    from codeq.config_layers import PRESETS_DIR
+    from codeq.pipeline import local_round
+
+    laptop = yaml.safe_load((PRESETS_DIR / "laptop.yaml").read_text())
+    seen = []
+
+    def capture(config, out, *, source=None, engines=None):
+        seen.append(config)
+        return {"round": 0, "seconds": 0.0, "results": {}, "report": str(out / "report")}
+
+    monkeypatch.setattr(local_round, "run_round", capture)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("search:\n  rollouts: 2\n")
+    for argv in (["-c", str(mine), "round"], ["round", "-c", str(mine)]):
+        assert run([*argv, "-o", str(tmp_path / "run")]) == 0
+        config = seen.pop()
+        assert config.search.rollouts == 2
+        assert config.policy.model == laptop["policy"]["model"]
+        assert config.train.max_steps == laptop["train"]["max_steps"]
+        assert config.evaluate.modes == laptop["evaluate"]["modes"]
+        assert f"preset laptop + file {mine}" in capsys.readouterr().err
+    assert run(["round", "--preset", "production", "-o", str(tmp_path / "run")]) == 0
+    assert seen.pop().policy.model == "Qwen/Qwen2.5-Coder-7B-Instruct"
