@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -419,7 +420,10 @@ def test_gjson_queries_are_not_valid_condition_keys():
 
 def find_tool(name: str) -> str:
     local = REPO / ".tools" / name / "bin" / name
-    found = str(local) if local.exists() else shutil.which(name)
+    # the interpreter's own bin/ first: `.venv/bin/python -m pytest` finds .venv's tools
+    # without the PATH that `make test` sets
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = str(local) if local.exists() else shutil.which(name, path=search)
     if found:
         return found
     message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -24,7 +25,10 @@ LOCKS = {
 
 def find_tool(name: str) -> str:
     local = REPO / ".tools" / name / "bin" / name
-    found = str(local) if local.exists() else shutil.which(name)
+    # the interpreter's own bin/ first: `.venv/bin/python -m pytest` finds .venv's tools
+    # without the PATH that `make test` sets
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = str(local) if local.exists() else shutil.which(name, path=search)
     if found:
         return found
     message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"
