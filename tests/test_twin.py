@@ -116,7 +116,13 @@ BROKEN = {
     "wrong env var name": (
         "prepare-start",
         rename_env("CODEQ_STORE__URI", "CODEQ_STORE__URL"),
-        ["-prepare failed", "PodFailurePolicy", "exit 2", "store.url: unknown key"],
+        [
+            "-prepare failed",
+            "PodFailurePolicy",
+            "exit 2",
+            "unknown environment variable CODEQ_STORE__URL",
+            "did you mean CODEQ_STORE__URI?",
+        ],
     ),
     # A mount without its volume: the API server would reject the Job; nothing runs.
     "missing volume": (
