@@ -438,9 +438,7 @@ class S3Store(ArtifactStore):
         return True
 
     def delete(self, key: str) -> None:
-        self._call(
-            "delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key)
-        )
+        self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
     def list(self, prefix: str) -> list[str]:
         full = self._key(prefix) + "/"

@@ -109,9 +109,7 @@ def run_stage(stage: str) -> int:
         log(f"job {stage} starting{' ' + str(arguments) if arguments else ''}; effective config:")
         sys.stderr.write(dump_config(config))
         store = open_store(config.store)
-        context = StageContext(
-            config=config, store=store, scratch=scratch, force=force_from_env()
-        )
+        context = StageContext(config=config, store=store, scratch=scratch, force=force_from_env())
         result = STAGE_FUNCTIONS[stage](context, **arguments)
         status = "skipped (already complete)" if result.get("skipped") else "finished"
         log(f"job {stage} {status} in {time.perf_counter() - started:.1f}s")

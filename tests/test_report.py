@@ -202,7 +202,9 @@ def test_report_stage_renders_verdict_names_diffs_times_and_fingerprints(tmp_pat
     settings = {**gap(1.0), "promotion": {"modes": ["full_rewrite"], "level": 0.6}}
     pairs_stage(context(store, tmp_path, **settings))
     train_stage(context(store, tmp_path, **settings))
-    candidate = POLICY.extended(AdapterLink(round=0, sha256="b" * 64, source=LAYOUT.stage("adapter")))
+    candidate = POLICY.extended(
+        AdapterLink(round=0, sha256="b" * 64, source=LAYOUT.stage("adapter"))
+    )
     validation = {"v1": True, "v2": True, "v3": False}
     test_solved = {"t9": True, "t2": True, "t5": False, "t1": True, "t7": True}
     incumbent_test = {"t9": False, "t2": True, "t5": True, "t1": False, "t7": True}
@@ -211,9 +213,13 @@ def test_report_stage_renders_verdict_names_diffs_times_and_fingerprints(tmp_pat
         ("candidate", candidate, validation, test_solved),
         ("incumbent", POLICY, {"v1": False, "v2": True, "v3": False}, incumbent_test),
     ):
-        write_json(folder / role / "validation" / "results.json", eval_results("validation", val, policy))
+        write_json(
+            folder / role / "validation" / "results.json", eval_results("validation", val, policy)
+        )
         write_json(folder / role / "test" / "results.json", eval_results("test", test, policy))
-        write_jsonl(folder / role / "test" / "trajectories-full_rewrite.jsonl", eval_trajectories(test))
+        write_jsonl(
+            folder / role / "test" / "trajectories-full_rewrite.jsonl", eval_trajectories(test)
+        )
     store.put_dir(LAYOUT.stage("eval"), folder)
     store.mark_complete(LAYOUT.stage("eval"), {"seconds": 75.5})
     promote_stage(context(store, tmp_path, **settings))
@@ -237,10 +243,13 @@ def test_report_stage_renders_verdict_names_diffs_times_and_fingerprints(tmp_pat
     assert "-    return x - 1  # t1\n+    return x + 1  # t1" in examples
     stages = markdown.split("## Stages")[1]
     pairs_marker = store.marker(LAYOUT.stage("pairs"))
-    assert f"| pairs | {pairs_marker['seconds']:.1f}s | `{pairs_marker['fingerprint']['sha256'][:12]}` |" in stages
+    assert (
+        f"| pairs | {pairs_marker['seconds']:.1f}s | `{pairs_marker['fingerprint']['sha256'][:12]}` |"
+        in stages
+    )
     assert "| evaluate | 1m 15.5s | – |" in stages  # a marker without a fingerprint
     assert "| collect shard-0 |" in stages
-    html = (tmp_path / "out" / "index.html")
+    html = tmp_path / "out" / "index.html"
     assert store.get_verified_file(LAYOUT.stage("report"), "index.html", html)
     page = html.read_text()
     assert 'id="stages"' in page and 'id="promotion"' in page and "x + 1  # t1" in page

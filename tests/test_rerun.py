@@ -78,7 +78,9 @@ def test_unchanged_rerun_skips_changed_config_is_refused_and_force_replaces(tmp_
     forced = pairs_stage(context(store, tmp_path, force=True, **gap(0.5)))
     assert forced["pairs"] == 1 and not forced["skipped"]
     assert pair_count(store, tmp_path) == 1
-    assert store.marker(LAYOUT.stage("pairs"))["fingerprint"]["config"]["pairs.min_value_gap"] == 0.5
+    assert (
+        store.marker(LAYOUT.stage("pairs"))["fingerprint"]["config"]["pairs.min_value_gap"] == 0.5
+    )
     assert pairs_stage(context(store, tmp_path, **gap(0.5)))["skipped"]
 
 
@@ -160,12 +162,19 @@ def test_a_job_refuses_a_stale_output_in_one_line_and_codeq_force_replaces_it(tm
         "CODEQ_PAIRS__ALPHA": "1.0",
     }
     command = [sys.executable, "-m", "jobs.pairs"]
-    refused = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    refused = subprocess.run(
+        command, env=env, capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode == EXIT_BAD_INPUT, refused.stderr[-2000:]
     assert len(errors) == 1 and "pairs.min_value_gap 0.1 -> 0.5" in errors[0]
     forced = subprocess.run(
-        command, env={**env, "CODEQ_FORCE": "1"}, capture_output=True, text=True, cwd=REPO, timeout=300
+        command,
+        env={**env, "CODEQ_FORCE": "1"},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert json.loads(store.get_bytes(join_key(LAYOUT.stage("pairs"), MARKER_NAME)))["pairs"] == 1

@@ -146,7 +146,9 @@ def stage_fingerprint(
     """`overrides` replaces config values the stage was given another way (prepare's
     --source, collect's shard count)."""
     values = {**stage_config(config, stage), **(overrides or {})}
-    return Fingerprint(config=dict(sorted(values.items())), inputs=dict(sorted((inputs or {}).items())))
+    return Fingerprint(
+        config=dict(sorted(values.items())), inputs=dict(sorted((inputs or {}).items()))
+    )
 
 
 class StaleOutputError(BadInputError):

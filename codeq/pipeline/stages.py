@@ -23,7 +23,12 @@ from typing import Any
 from codeq.config import CodeQConfig
 from codeq.errors import BadInputError, CorruptInputError, MissingInputError
 from codeq.evaluate.results import EvalResults, Rate, Split
-from codeq.pipeline.fingerprint import Fingerprint, StaleOutputError, check_recorded, stage_fingerprint
+from codeq.pipeline.fingerprint import (
+    Fingerprint,
+    StaleOutputError,
+    check_recorded,
+    stage_fingerprint,
+)
 from codeq.pipeline.policies import (
     current_pointer_round,
     current_policy,
@@ -113,7 +118,12 @@ def _begin(
 
 def _finish(ctx: StageContext, run: StageRun, info: dict[str, Any]) -> dict[str, Any]:
     seconds = round(time.perf_counter() - run.started, 1)
-    body = {"stage": run.stage, **info, "seconds": seconds, "fingerprint": run.fingerprint.to_json()}
+    body = {
+        "stage": run.stage,
+        **info,
+        "seconds": seconds,
+        "fingerprint": run.fingerprint.to_json(),
+    }
     created = ctx.store.mark_complete(run.prefix, body)
     if not created:
         log(f"{run.stage}: another worker completed {ctx.store.describe(run.prefix)} first")
@@ -603,8 +613,8 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     """Render report.json, report.md and index.html from the round's test-split evaluation,
     training metrics, pair statistics and promotion decision."""
     prefix = ctx.layout.stage("report")
-    inputs = {name: ctx.layout.stage(name) for name in ("pairs", "adapter", "eval", "promote")}
-    run = _begin(ctx, prefix, "report", inputs=inputs)
+    stages = {name: ctx.layout.stage(name) for name in ("pairs", "adapter", "eval", "promote")}
+    run = _begin(ctx, prefix, "report", inputs=stages)
     if run.skipped:
         return run.skipped
     inputs = ctx.workdir("report-in")
@@ -689,7 +699,11 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]]:
         marker = ctx.store.marker(prefix)
         fingerprint = marker.get("fingerprint") or {}
         rows.append(
-            {"stage": stage, "seconds": marker.get("seconds"), "fingerprint": fingerprint.get("sha256")}
+            {
+                "stage": stage,
+                "seconds": marker.get("seconds"),
+                "fingerprint": fingerprint.get("sha256"),
+            }
         )
     return rows
 
