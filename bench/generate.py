@@ -344,6 +344,110 @@ def assert_parity_float32(engine32: Any, case: Case, rows: int, new_tokens: int)
     return f"float32: {small.rows} rows x {new_tokens} tokens identical"
 
 
+# ---------------------------------------------------------------- decode-step profile
+
+
+def decode_profile(engine: Any, messages: list[Any], steps: int) -> None:
+    """Decode steps of both arms one after the other, each engine step run from inside
+    `generate`'s streamer callback, so both see the same machine moment by moment (on a shared
+    CPU whole runs drift by 10-50%). Prints per-step wall and thread-CPU medians, and the
+    PyTorch profiler's self time per operator and step for each arm."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+    from transformers import GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    from codeq.policy import GenerationRequest
+
+    engine.clear_prefix_cache()
+    stream = engine.stream()
+    for m in messages:
+        stream.submit(
+            GenerationRequest(m, n=1, temperature=0.0, max_new_tokens=steps + 8, stop="none")
+        )
+    stream.step()  # prompts read, first forward
+    times: dict[str, list[tuple[float, float]]] = {"engine": [], "generate": []}
+    profiler = profile(activities=[ProfilerActivity.CPU])
+
+    class Alternate(BaseStreamer):  # type: ignore[misc]
+        calls = 0
+        last = (0.0, 0.0)
+
+        def put(self, value: Any) -> None:
+            now = (time.perf_counter(), time.thread_time())
+            self.calls += 1
+            if self.calls > 2:  # after generate's prefill and its first decode step
+                times["generate"].append((now[0] - self.last[0], now[1] - self.last[1]))
+            if self.calls == 3:
+                profiler.start()
+            with record_function("engine step"):
+                begin = (time.perf_counter(), time.thread_time())
+                stream.step()
+                end = (time.perf_counter(), time.thread_time())
+            if self.calls > 2:
+                times["engine"].append((end[0] - begin[0], end[1] - begin[1]))
+            self.last = (time.perf_counter(), time.thread_time())
+
+        def end(self) -> None:
+            profiler.stop()
+
+    ids = [engine.encode_chat(m) for m in messages]
+    batch = engine.tokenizer.pad({"input_ids": ids}, return_tensors="pt", padding_side="left")
+    config = GenerationConfig(
+        max_new_tokens=steps + 2,
+        min_new_tokens=steps + 2,
+        do_sample=False,
+        eos_token_id=sorted(engine.eos_ids),
+        pad_token_id=engine.pad_id,
+    )
+    with torch.inference_mode():
+        engine.model.generate(**batch, generation_config=config, streamer=Alternate())
+    per_op: dict[str, collections.Counter[str]] = {a: collections.Counter() for a in times}
+    calls: dict[str, collections.Counter[str]] = {a: collections.Counter() for a in times}
+    for event in profiler.events():
+        arm, parent = "generate", event.cpu_parent
+        while parent is not None:
+            if parent.name == "engine step":
+                arm = "engine"
+                break
+            parent = parent.cpu_parent
+        if event.name != "engine step":
+            per_op[arm][event.name] += event.self_cpu_time_total
+            calls[arm][event.name] += 1
+    # generate's steps inside the profile: those after the callback that started it
+    profiled = {"engine": len(times["engine"]), "generate": len(times["generate"]) - 1}
+    for arm in times:
+        wall = statistics.median(t[0] for t in times[arm]) * 1e3
+        cpu = statistics.median(t[1] for t in times[arm]) * 1e3
+        print(
+            f"{arm:>8}: {wall:7.1f} ms a step (wall), {cpu:7.1f} ms (thread CPU), "
+            f"median of {len(times[arm])}"
+        )
+    print(
+        f"{'operator (self time a step)':52} {'engine ms':>9} {'generate ms':>11} {'calls':>6} {'calls':>6}"
+    )
+    names = sorted(
+        per_op["engine"].keys() | per_op["generate"].keys(),
+        key=lambda n: -(per_op["engine"][n] + per_op["generate"][n]),
+    )
+    for name in [*names[:15], None]:
+        cells = [
+            (sum(per_op[a].values()) if name is None else per_op[a][name]) / profiled[a] / 1e3
+            for a in times
+        ] + [
+            (sum(calls[a].values()) if name is None else calls[a][name]) / profiled[a]
+            for a in times
+        ]
+        label = "all profiler events" if name is None else name[:52]
+        print(f"{label:52} {cells[0]:9.2f} {cells[1]:11.2f} {cells[2]:6.0f} {cells[3]:6.0f}")
+    cpu = {a: statistics.median(t[1] for t in times[a]) for a in times}
+    print(
+        f"ratio generate / engine, thread CPU a decode step: {cpu['generate'] / cpu['engine']:.2f}x"
+    )
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -369,6 +473,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--source", default=str(DEFAULT_SOURCE) if DEFAULT_SOURCE.is_dir() else "builtin"
     )
     parser.add_argument("--json", help="also write every number here")
+    parser.add_argument(
+        "--decode-profile",
+        type=int,
+        metavar="BATCH",
+        help="instead: profile decode steps of both arms at this batch, one step each in turn",
+    )
     return parser.parse_args(argv)
 
 
@@ -419,6 +529,11 @@ def machine() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     engine = load_engine(args, args.dtype, 64)
+    if args.decode_profile:
+        messages, note = debugbench_messages(engine, args.source, args.decode_profile)
+        print(f"decode profile: {args.model} on {machine()} ({engine.dtype}); {note}")
+        decode_profile(engine, messages, min(args.new_tokens, 40))
+        return 0
     found, note = cases(args, engine)
     engine.batch_size = max(case.rows for case in found)
     print(

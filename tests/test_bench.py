@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,11 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     }
     assert len([r for r in rows if r["part"] == "(c) round" and r["value"]]) == 3
     assert "| (c) round | collect on 8 GPUs, train on 1 |" in result.stdout
+
+
+def test_decode_profile_alternates_single_steps_of_both_arms(tiny_model_dir, capsys):
+    args = ["--model", str(tiny_model_dir), "--decode-profile", "2", "--new-tokens", "5"]
+    assert generate.main([*args, "--dtype", "float32", "--source", "builtin"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"engine: .* ms a step \(wall\).*median of \d", out) and "aten::mm" in out
+    assert out.strip().splitlines()[-1].startswith("ratio generate / engine, thread CPU")
