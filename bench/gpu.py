@@ -21,7 +21,8 @@ folder so that every arm loads it the way production loads a checkpoint.
 
     python bench/gpu.py                        # CUDA; an H100 takes about 10 minutes
     python bench/gpu.py --tiny                 # the same code path on CPU, tiny Qwen2 config
-    python bench/gpu.py --only generate        # or --only train: half the work each
+    python bench/gpu.py --only generate --json gen.json     # the same in two calls:
+    python bench/gpu.py --only train --with-json gen.json   # (b), then (c) from both
 
 `--tiny` runs everything on CPU with a tiny config of the same family (Qwen2: q/k/v biases,
 GQA, untied head) in well under a minute; the NF4 arms are skipped there (bitsandbytes'
@@ -562,6 +563,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work-dir", help="where the model folder goes (default: a temp dir)")
     parser.add_argument("--json", help="also write every number here")
     parser.add_argument("--markdown", help="also write the table here")
+    parser.add_argument(
+        "--with-json",
+        help="rows of an earlier run's --json (e.g. --only generate) to include and project from",
+    )
     return parser.parse_args(argv)
 
 
@@ -603,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"[gpu] {name} ...", file=sys.stderr, flush=True)
             rows += measure()
+    if args.with_json:
+        earlier = json.loads(Path(args.with_json).read_text())
+        rows = [Row(**r) for r in earlier if r["part"] != "(c) round"] + rows
     rows += projection_rows(rows, RoundWork(), max(run.batches))
     fp32 = next((r for r in rows if r.arm == "LoRA fp32" and r.value), None)
     for row in rows:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,19 +122,21 @@ def test_round_projection_divides_collection_by_the_gpus_and_adds_one_training()
 
 @pytest.mark.slow
 def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
-    """`python bench/gpu.py --tiny`: generation in float32 (parity asserted inside), one DPO
-    step in each precision through codeq.train.dpo, the projection; NF4 skipped with a reason."""
-    out = tmp_path / "gpu.json"
-    result = subprocess.run(
-        [sys.executable, str(BENCH / "gpu.py"), "--tiny", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "NF4 skipped: bitsandbytes' 4-bit kernels are CUDA kernels" in result.stdout
-    rows = json.loads(out.read_text())
+    """`python bench/gpu.py --tiny`, in its two-call form: generation in float32 (parity
+    asserted inside), then one DPO step in each precision through codeq.train.dpo and the
+    projection from both calls' numbers; NF4 skipped with a reason."""
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(BENCH / "gpu.py"), "--tiny", *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "NF4 skipped: bitsandbytes' 4-bit kernels are CUDA kernels" in result.stdout
+        return result
+
+    first, second = tmp_path / "generate.json", tmp_path / "all.json"
+    bench("--only", "generate", "--json", str(first))
+    result = bench("--only", "train", "--with-json", str(first), "--json", str(second))
+    rows = json.loads(second.read_text())
     arms = {(r["part"], r["arm"], r["setting"]) for r in rows if r["value"]}
     for batch in (1, 4):
         for arm in ("engine", "generate"):
@@ -146,11 +147,3 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     }
     assert len([r for r in rows if r["part"] == "(c) round" and r["value"]]) == 3
     assert "| (c) round | collect on 8 GPUs, train on 1 |" in result.stdout
-
-
-def test_decode_profile_alternates_single_steps_of_both_arms(tiny_model_dir, capsys):
-    args = ["--model", str(tiny_model_dir), "--decode-profile", "2", "--new-tokens", "5"]
-    assert generate.main([*args, "--dtype", "float32", "--source", "builtin"]) == 0
-    out = capsys.readouterr().out
-    assert re.search(r"engine: .* ms a step \(wall\).*median of \d", out) and "aten::mm" in out
-    assert out.strip().splitlines()[-1].startswith("ratio generate / engine, thread CPU")
