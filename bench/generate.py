@@ -14,6 +14,9 @@ times, as `num_return_sequences` would). The arms alternate engine, generate, ge
 For each arm:
   tokens/s  generated tokens (each row up to and including its stop token) / wall time of the
             whole call, prompt reading included
+  tokens/CPU-s  the same tokens / CPU time of the process during the call: on a CPU shared
+            with other busy processes wall time also counts the time slices others took,
+            CPU time mostly not (both are reported; with one torch thread it is the work done)
   TTFT      time to first token: wall time of the same call with max_new_tokens=1
   peak MB   CUDA: torch.cuda.max_memory_allocated during the call (weights included). CPU: the
             process's resident-set high-water mark during the call (VmHWM, reset through
@@ -150,6 +153,7 @@ class Run:
     seconds: float
     peak_mib: float
     prompt_tokens_read: int
+    cpu_seconds: float = 0.0  # CPU time of the whole process during the call
 
     @property
     def tokens(self) -> int:
@@ -194,11 +198,12 @@ def run_engine(engine: Any, case: Case, new_tokens: int) -> Run:
     memory = PeakMemory(engine.device)
     read_before = engine.stats.prefilled_tokens
     with memory.measure():
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         results = engine.generate(requests)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     rows = [ids for result in results for ids in result.token_ids]
-    return Run(rows, seconds, memory.peak_mib, engine.stats.prefilled_tokens - read_before)
+    read = engine.stats.prefilled_tokens - read_before
+    return Run(rows, seconds, memory.peak_mib, read, cpu)
 
 
 def run_generate(engine: Any, case: Case, new_tokens: int) -> Run:
@@ -221,14 +226,14 @@ def run_generate(engine: Any, case: Case, new_tokens: int) -> Run:
     )
     memory = PeakMemory(engine.device)
     with memory.measure(), torch.inference_mode():
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         output = model.generate(**batch, generation_config=config)
         if engine.device == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     width = batch["input_ids"].shape[1]
     rows = [cut_at_stop(row[width:].tolist(), set(stops)) for row in output]
-    return Run(rows, seconds, memory.peak_mib, int(batch["input_ids"].numel()))
+    return Run(rows, seconds, memory.peak_mib, int(batch["input_ids"].numel()), cpu)
 
 
 ARMS: dict[str, Callable[[Any, Case, int], Run]] = {"engine": run_engine, "generate": run_generate}
@@ -273,6 +278,8 @@ class CaseResult:
         runs = self.runs[arm]
         if what == "tokens_per_s":
             return statistics.median(r.tokens / r.seconds for r in runs)
+        if what == "tokens_per_cpu_s":
+            return statistics.median(r.tokens / max(r.cpu_seconds, 1e-9) for r in runs)
         if what == "peak_mib":
             return statistics.median(r.peak_mib for r in runs)
         if what == "ttft_s":
@@ -281,13 +288,15 @@ class CaseResult:
             return statistics.median(r.prompt_tokens_read for r in runs)
         raise KeyError(what)
 
-    def ratio(self) -> float:
-        return self.median("engine", "tokens_per_s") / self.median("generate", "tokens_per_s")
+    def ratio(self, what: str = "tokens_per_s") -> float:
+        return self.median("engine", what) / self.median("generate", what)
 
     def summary(self) -> dict[str, Any]:
         arms = {
             arm: {
                 "tokens_per_s": self.median(arm, "tokens_per_s"),
+                "tokens_per_cpu_s": self.median(arm, "tokens_per_cpu_s"),
+                "cpu_seconds": [r.cpu_seconds for r in self.runs[arm]],
                 "ttft_s": self.median(arm, "ttft_s"),
                 "peak_mib": self.median(arm, "peak_mib"),
                 "prompt_tokens_read": self.median(arm, "prompt_tokens_read"),
@@ -302,6 +311,7 @@ class CaseResult:
             "rows": self.rows,
             "arms": arms,
             "ratio_tokens_per_s": self.ratio(),
+            "ratio_tokens_per_cpu_s": self.ratio("tokens_per_cpu_s"),
             "agreement": self.agreement,
             "parity": self.parity,
         }
@@ -325,7 +335,8 @@ def measure_case(engine: Any, case: Case, new_tokens: int, repeats: int) -> Case
         result.runs.setdefault(arm, []).append(run)
         print(
             f"  {case.name:>12} {arm:>8}: {run.tokens / run.seconds:8.1f} tokens/s "
-            f"({run.tokens} tokens in {run.seconds:.1f}s, peak {run.peak_mib:.0f} MiB)",
+            f"({run.tokens} tokens in {run.seconds:.1f}s, {run.cpu_seconds:.1f} CPU-s, peak "
+            f"{run.peak_mib:.0f} MiB)",
             file=sys.stderr,
             flush=True,
         )
@@ -562,22 +573,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             result.parity = "not checked (--parity-rows 0)"
         results.append(result)
         print_case(result, str(engine.dtype).removeprefix("torch."))
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "model": args.model,
-                    "machine": machine(),
-                    "dtype": str(engine.dtype),
-                    "new_tokens": args.new_tokens,
-                    "repeats": args.repeats,
-                    "prompts": note,
-                    "cases": [r.summary() for r in results],
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        if args.json:  # after every case, so a long run that is stopped keeps what it measured
+            summary = {
+                "model": args.model,
+                "machine": machine(),
+                "dtype": str(engine.dtype),
+                "new_tokens": args.new_tokens,
+                "repeats": args.repeats,
+                "prompts": note,
+                "cases": [r.summary() for r in results],
+            }
+            Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     print_ratios(results)
     return 0
 
@@ -586,7 +592,7 @@ def print_case(result: CaseResult, dtype: str) -> None:
     for arm in ("engine", "generate"):
         print(
             f"  {arm:>8}: {result.median(arm, 'tokens_per_s'):8.1f} tokens/s  "
-            f"TTFT {result.median(arm, 'ttft_s'):6.2f}s  peak {result.median(arm, 'peak_mib'):7.0f} "
+            f"{result.median(arm, 'tokens_per_cpu_s'):8.1f} tokens/CPU-s  TTFT {result.median(arm, 'ttft_s'):6.2f}s  peak {result.median(arm, 'peak_mib'):7.0f} "
             f"MiB  prompt tokens read {result.median(arm, 'prompt_tokens_read'):.0f}",
             flush=True,
         )
@@ -600,7 +606,10 @@ def print_case(result: CaseResult, dtype: str) -> None:
 
 
 def print_ratios(results: list[CaseResult]) -> None:
-    parts = [f"{r.case}: {r.ratio():.2f}x" for r in results]
+    parts = [
+        f"{r.case}: {r.ratio():.2f}x ({r.ratio('tokens_per_cpu_s'):.2f}x per CPU-second)"
+        for r in results
+    ]
     print("ratio engine / generate (tokens/s, medians): " + ", ".join(parts), flush=True)
 
 
