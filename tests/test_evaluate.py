@@ -167,3 +167,55 @@ def test_the_unchanged_buggy_program_is_never_counted_as_solved(test_tasks) -> N
     with Sandbox(config.sandbox) as sandbox:
         assert not any(fully_passed(tasks, [t.buggy_code for t in tasks], sandbox).values())
         assert all(fully_passed(tasks, [t.oracle_code for t in tasks], sandbox).values())
+
+
+class CrashingPolicy(ScriptedPolicy):
+    """The scripted policy, interrupted (as by preemption) once `crash_after` requests of one
+    task have been answered in MCTS."""
+
+    def __init__(self, tasks: Sequence[Task], plans: dict[str, str], crash_on: str) -> None:
+        super().__init__(tasks, plans)
+        self.crash_on = crash_on
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        for request in requests:
+            text = "\n".join(message.content for message in request.messages)
+            if request.stop != "score" and self._task_of(text).task_id == self.crash_on:
+                raise KeyboardInterrupt("preempted")
+        return super().generate(requests)
+
+
+def test_an_interrupted_evaluation_resumes_without_searching_finished_tasks_again(
+    test_tasks, tmp_path
+) -> None:
+    tasks = read_jsonl(test_tasks, Task)[:3]
+    plans = {tasks[0].task_id: "fix", tasks[1].task_id: "late", tasks[2].task_id: "never"}
+    config = load_config(
+        overrides={
+            "search": {"rollouts": 2, "rewrites_per_expansion": 1, "parallel_trees": 1},
+            "evaluate": {"max_tasks": 3, "rollout_ablation": [1, 2], "modes": ["mcts"]},
+            "sandbox": {"backend": "subprocess", "workers": 1},
+        }
+    )
+    crashing = CrashingPolicy(tasks, plans, crash_on=tasks[2].task_id)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(test_tasks, tmp_path / "eval", config, engine=crashing)
+    partial = tmp_path / "eval" / "trajectories-mcts.partial.jsonl"
+    finished = [json.loads(line)["task_id"] for line in partial.read_text().splitlines()]
+    assert finished == [tasks[0].task_id, tasks[1].task_id]
+    with partial.open("a") as handle:  # the crash also cut a record short
+        handle.write('{"task_id": "cut sh')
+
+    resumed = ScriptedPolicy(tasks, plans)
+    results = evaluate(test_tasks, tmp_path / "eval", config, engine=resumed)
+    assert set(resumed.calls) == {tasks[2].task_id}, "finished tasks were searched again"
+    fresh = evaluate(test_tasks, tmp_path / "fresh", config, engine=ScriptedPolicy(tasks, plans))
+    assert results.modes["mcts"].per_task == fresh.modes["mcts"].per_task
+    assert results.mcts_rollout_ablation["1"].per_task == fresh.mcts_rollout_ablation["1"].per_task
+
+    other = config.model_copy(
+        update={"search": config.search.model_copy(update={"rollouts": 1})}
+    )
+    again = ScriptedPolicy(tasks, plans)
+    evaluate(test_tasks, tmp_path / "eval", other, engine=again)
+    assert set(again.calls) == {t.task_id for t in tasks}, "other settings must search anew"

@@ -16,6 +16,7 @@ from codeq.sandbox.server import READY_CHILDREN
 from tests.sandbox_attacks.helpers import (
     BACKENDS,
     assert_still_healthy,
+    descendants,
     leftover_host_processes,
     passes,
     request,
@@ -351,8 +352,13 @@ def test_the_leftover_check_reports_a_process_left_on_the_host(sandbox):
     assert leftover_host_processes(sandbox, window_s=5.0) == {}
     stray = subprocess.Popen(["sleep", "60"])
     try:
+        # until exec completes, the child's command line is ours or, mid-exec, empty (which
+        # host_processes takes for a gVisor stub): look only once it is `sleep 60`
+        deadline = time.monotonic() + 10.0
+        while descendants().get(stray.pid) != "sleep 60 " and time.monotonic() < deadline:
+            time.sleep(0.01)
         left = leftover_host_processes(sandbox, window_s=1.0)
-        assert stray.pid in left, left
+        assert stray.pid in left, (left, descendants(), stray.pid)
     finally:
         stray.kill()
         stray.wait()

@@ -13,6 +13,8 @@ at equal numbers of programs. CodeQ's optimistic "any node passed" figure is rep
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -191,6 +193,8 @@ class _Evaluation:
         return results
 
     def _search(self, mode: str, sandbox: Any) -> tuple[list[Trajectory], float]:
+        """Search every task in `mode`. Each finished tree is appended to a partial file at once,
+        so an interrupted evaluation resumes with the tasks it has not searched yet."""
         from codeq.search import run_search
 
         rollouts = None
@@ -198,19 +202,50 @@ class _Evaluation:
             rollouts = max(self.budgets)
         elif mode == "bon":
             rollouts = max(self.bon_sizes)
+        resume = _ModeResume(self.out_dir, mode, self._resume_key(mode, rollouts))
+        remaining = [task for task in self.tasks if task.task_id not in resume.done]
+        if len(remaining) < len(self.tasks):
+            log.info(
+                "%s: resuming, %d of %d tasks already searched (%s)",
+                mode,
+                len(self.tasks) - len(remaining),
+                len(self.tasks),
+                resume.partial,
+            )
         started = time.perf_counter()
         with progress_bar(len(self.tasks), f"evaluate {mode} ({self.split})") as bar:
-            trajectories = run_search(
-                self.tasks,
+            bar.update(len(self.tasks) - len(remaining))
+
+            def finished(trajectory: Trajectory) -> None:
+                resume.record(trajectory, time.perf_counter() - started)
+                bar.update(1)
+
+            run_search(
+                remaining,
                 self.engine,
                 sandbox,
                 self.config,
                 mode=SEARCH_MODE_OF[mode],
                 reward_tests="visible",
                 rollouts=rollouts,
-                on_trajectory=lambda _: bar.update(1),
+                on_trajectory=finished,
             )
-        return trajectories, time.perf_counter() - started
+        trajectories = [resume.done[task.task_id] for task in self.tasks]
+        return trajectories, resume.seconds_before + time.perf_counter() - started
+
+    def _resume_key(self, mode: str, rollouts: int | None) -> str:
+        """What must match for searched trees to be reused: policy, search settings, mode."""
+        described = {
+            "mode": mode,
+            "split": self.split,
+            "rollouts": rollouts,
+            "policy": self.policy.model_dump(mode="json") if self.policy else None,
+            "adapter": str(self.adapter) if self.adapter is not None else None,
+            "model": self.config.policy.model_dump(mode="json"),
+            "search": self.config.search.model_dump(mode="json"),
+        }
+        encoded = json.dumps(described, sort_keys=True).encode()
+        return hashlib.sha256(encoded).hexdigest()[:16]
 
     def _score(
         self,
@@ -268,3 +303,48 @@ class _Evaluation:
                 trajectories, candidates, seconds, sandbox, samples=size
             )
         results.modes["bon"] = results.bon_ablation[str(self.config.search.bon_samples)]
+
+
+class _ModeResume:
+    """The trees one mode has finished so far: trajectories-<mode>.partial.jsonl plus a small
+    state file holding the key they were searched under and the seconds spent. A different key
+    (another policy or search setting) starts the mode over."""
+
+    def __init__(self, out_dir: Path, mode: str, key: str) -> None:
+        self.partial = out_dir / f"trajectories-{mode}.partial.jsonl"
+        self.state = out_dir / f"trajectories-{mode}.partial.json"
+        self.key = key
+        self.done: dict[str, Trajectory] = {}
+        self.seconds_before = 0.0
+        state = self._read_state()
+        if state.get("key") == key and self.partial.is_file():
+            self.done = _read_complete_lines(self.partial)
+            self.seconds_before = float(state.get("seconds", 0.0))
+            write_jsonl(self.partial, self.done.values())  # drops a line a crash cut short
+        else:
+            self.partial.unlink(missing_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.state.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def record(self, trajectory: Trajectory, seconds_now: float) -> None:
+        write_jsonl(self.partial, [trajectory], append=True)
+        self.done[trajectory.task_id] = trajectory
+        state = {"key": self.key, "seconds": round(self.seconds_before + seconds_now, 2)}
+        self.state.write_text(json.dumps(state) + "\n")
+
+
+def _read_complete_lines(path: Path) -> dict[str, Trajectory]:
+    """Every whole record of a partial file; a line cut short by a crash ends the reading."""
+    done: dict[str, Trajectory] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            trajectory = Trajectory.model_validate_json(line)
+        except ValueError:
+            break
+        done[trajectory.task_id] = trajectory
+    return done
