@@ -559,7 +559,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--repeats", type=int, help="runs of each arm (default 1)")
-    parser.add_argument("--budget-s", type=float, default=570, help="skip parts after this")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=450,
+        help="start no further part after this many seconds (default 450: the last, the fp32 "
+        "DPO step, takes about two minutes on an H100 by estimate)",
+    )
     parser.add_argument("--work-dir", help="where the model folder goes (default: a temp dir)")
     parser.add_argument("--json", help="also write every number here")
     parser.add_argument("--markdown", help="also write the table here")
@@ -591,26 +597,37 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        parts = []
+        parts: list[tuple[str, Any]] = []  # the longest (the fp32 step) last
+        nf4 = not nf4_reason
         if args.only != "train":
             parts += [("(a) bf16", lambda: generation_rows(run, folder, "none"))]
-            parts += (
-                [("(a) NF4", lambda: generation_rows(run, folder, "nf4"))] if not nf4_reason else []
-            )
         if args.only != "generate":
             parts += [("(b) LoRA bf16", lambda: [one_dpo_step(run, folder, "bf16", "none")])]
-            if not nf4_reason:
+            if nf4:
                 parts += [("(b) QLoRA NF4", lambda: [one_dpo_step(run, folder, "bf16", "nf4")])]
+        if args.only != "train" and nf4:
+            parts += [("(a) NF4", lambda: generation_rows(run, folder, "nf4"))]
+        if args.only != "generate":
             parts += [("(b) LoRA fp32", lambda: [one_dpo_step(run, folder, "fp32", "none")])]
         for name, measure in parts:
-            if time.perf_counter() - started > args.budget_s:
-                skipped.append(f"{name} skipped: over the {args.budget_s:.0f}s budget")
+            spent = time.perf_counter() - started
+            if spent > args.budget_s:
+                skipped.append(
+                    f"{name} skipped: {spent:.0f}s spent, over the {args.budget_s:.0f}s budget "
+                    "(run it with --only and --with-json)"
+                )
                 continue
             print(f"[gpu] {name} ...", file=sys.stderr, flush=True)
             rows += measure()
+            print(
+                f"[gpu] {name} took {time.perf_counter() - started - spent:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     if args.with_json:
         earlier = json.loads(Path(args.with_json).read_text())
         rows = [Row(**r) for r in earlier if r["part"] != "(c) round"] + rows
+    rows.sort(key=lambda row: row.part)  # stable: (a) rows, then (b), each in measured order
     rows += projection_rows(rows, RoundWork(), max(run.batches))
     fp32 = next((r for r in rows if r.arm == "LoRA fp32" and r.value), None)
     for row in rows:
