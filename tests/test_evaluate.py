@@ -213,9 +213,7 @@ def test_an_interrupted_evaluation_resumes_without_searching_finished_tasks_agai
     assert results.modes["mcts"].per_task == fresh.modes["mcts"].per_task
     assert results.mcts_rollout_ablation["1"].per_task == fresh.mcts_rollout_ablation["1"].per_task
 
-    other = config.model_copy(
-        update={"search": config.search.model_copy(update={"rollouts": 1})}
-    )
+    other = config.model_copy(update={"search": config.search.model_copy(update={"rollouts": 1})})
     again = ScriptedPolicy(tasks, plans)
     evaluate(test_tasks, tmp_path / "eval", other, engine=again)
     assert set(again.calls) == {t.task_id for t in tasks}, "other settings must search anew"
