@@ -18,6 +18,8 @@ For each arm:
             with other busy processes wall time also counts the time slices others took,
             CPU time mostly not (both are reported; with one torch thread it is the work done)
   TTFT      time to first token: wall time of the same call with max_new_tokens=1
+  decode tokens/CPU-s  tokens after each row's first / (CPU time of the call - CPU time of
+            the max_new_tokens=1 call): the decode steps alone, without the prompt reading
   peak MB   CUDA: torch.cuda.max_memory_allocated during the call (weights included). CPU: the
             process's resident-set high-water mark during the call (VmHWM, reset through
             /proc/self/clear_refs) minus the resident set before it, so the memory the call
@@ -271,6 +273,7 @@ class CaseResult:
     rows: int
     runs: dict[str, list[Run]] = field(default_factory=dict)
     first_token: dict[str, list[float]] = field(default_factory=dict)
+    first_token_cpu: dict[str, list[float]] = field(default_factory=dict)
     agreement: dict[str, Any] = field(default_factory=dict)
     parity: str = ""
 
@@ -284,6 +287,11 @@ class CaseResult:
             return statistics.median(r.peak_mib for r in runs)
         if what == "ttft_s":
             return statistics.median(self.first_token[arm])
+        if what == "decode_tokens_per_cpu_s":
+            first = statistics.median(self.first_token_cpu[arm])
+            return statistics.median(
+                (r.tokens - len(r.rows)) / max(r.cpu_seconds - first, 1e-9) for r in runs
+            )
         if what == "prompt_tokens_read":
             return statistics.median(r.prompt_tokens_read for r in runs)
         raise KeyError(what)
@@ -296,6 +304,7 @@ class CaseResult:
             arm: {
                 "tokens_per_s": self.median(arm, "tokens_per_s"),
                 "tokens_per_cpu_s": self.median(arm, "tokens_per_cpu_s"),
+                "decode_tokens_per_cpu_s": self.median(arm, "decode_tokens_per_cpu_s"),
                 "cpu_seconds": [r.cpu_seconds for r in self.runs[arm]],
                 "ttft_s": self.median(arm, "ttft_s"),
                 "peak_mib": self.median(arm, "peak_mib"),
@@ -303,6 +312,7 @@ class CaseResult:
                 "seconds": [r.seconds for r in self.runs[arm]],
                 "tokens": [r.tokens for r in self.runs[arm]],
                 "ttft_runs_s": self.first_token[arm],
+                "ttft_runs_cpu_s": self.first_token_cpu[arm],
             }
             for arm in self.runs
         }
@@ -312,6 +322,7 @@ class CaseResult:
             "arms": arms,
             "ratio_tokens_per_s": self.ratio(),
             "ratio_tokens_per_cpu_s": self.ratio("tokens_per_cpu_s"),
+            "ratio_decode_tokens_per_cpu_s": self.ratio("decode_tokens_per_cpu_s"),
             "agreement": self.agreement,
             "parity": self.parity,
         }
@@ -330,6 +341,7 @@ def measure_case(engine: Any, case: Case, new_tokens: int, repeats: int) -> Case
     for arm in abba(repeats):  # time to first token: the same calls, one new token
         run = ARMS[arm](engine, case, 1)
         result.first_token.setdefault(arm, []).append(run.seconds)
+        result.first_token_cpu.setdefault(arm, []).append(run.cpu_seconds)
     for arm in abba(repeats):
         run = ARMS[arm](engine, case, new_tokens)
         result.runs.setdefault(arm, []).append(run)
@@ -359,47 +371,65 @@ def assert_parity_float32(engine32: Any, case: Case, rows: int, new_tokens: int)
 
 
 def decode_profile(engine: Any, messages: list[Any], steps: int) -> None:
-    """Decode steps of both arms one after the other, each engine step run from inside
-    `generate`'s streamer callback, so both see the same machine moment by moment (on a shared
-    CPU whole runs drift by 10-50%). Prints per-step wall and thread-CPU medians, and the
-    PyTorch profiler's self time per operator and step for each arm."""
-    import collections
+    """`steps` decode steps of each arm on the same prompts (after the prompt read and one
+    warm-up step), engine then generate, each alone in the process: thread CPU time a step
+    (on a shared CPU wall time also counts other processes' slices), and the PyTorch
+    profiler's self time per operator a step. Each arm's steps run alone because interleaving
+    them (one engine step inside each of generate's streamer callbacks) tripled generate's
+    step (its per-layer KV `torch.cat`) at batch 8 against generate run alone."""
+    measured = {}
+    for arm, measure in (("engine", _engine_steps), ("generate", _generate_steps)):
+        engine.clear_prefix_cache()
+        measured[arm] = measure(engine, messages, steps)
+    _print_decode_profile(measured, steps)
 
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-    from transformers import GenerationConfig
-    from transformers.generation.streamers import BaseStreamer
+
+def _engine_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[float], Any]:
+    from torch.profiler import ProfilerActivity, profile
 
     from codeq.policy import GenerationRequest
 
-    engine.clear_prefix_cache()
     stream = engine.stream()
     for m in messages:
         stream.submit(
             GenerationRequest(m, n=1, temperature=0.0, max_new_tokens=steps + 8, stop="none")
         )
-    stream.step()  # prompts read, first forward
-    times: dict[str, list[tuple[float, float]]] = {"engine": [], "generate": []}
+    stream.step()  # the prompts read, the first token
+    stream.step()  # a warm-up decode step
+    times = []
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            began = time.thread_time()
+            stream.step()
+            times.append(time.thread_time() - began)
+    if len(stream.sequences) != len(messages):
+        print(f"note: {len(messages) - len(stream.sequences)} engine rows stopped at EOS early")
+    return times, profiler.events()
+
+
+def _generate_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[float], Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    times: list[float] = []
     profiler = profile(activities=[ProfilerActivity.CPU])
 
-    class Alternate(BaseStreamer):  # type: ignore[misc]
-        calls = 0
-        last = (0.0, 0.0)
+    class Timer(BaseStreamer):  # type: ignore[misc]
+        """Called once with the prompt, then once a token: the time between two calls after
+        the first token and a warm-up step is one decode step."""
+
+        calls, last = 0, 0.0
 
         def put(self, value: Any) -> None:
-            now = (time.perf_counter(), time.thread_time())
+            now = time.thread_time()
             self.calls += 1
-            if self.calls > 2:  # after generate's prefill and its first decode step
-                times["generate"].append((now[0] - self.last[0], now[1] - self.last[1]))
+            if self.calls > 3:
+                times.append(now - self.last)
             if self.calls == 3:
                 profiler.start()
-            with record_function("engine step"):
-                begin = (time.perf_counter(), time.thread_time())
-                stream.step()
-                end = (time.perf_counter(), time.thread_time())
-            if self.calls > 2:
-                times["engine"].append((end[0] - begin[0], end[1] - begin[1]))
-            self.last = (time.perf_counter(), time.thread_time())
+            self.last = time.thread_time()
 
         def end(self) -> None:
             profiler.stop()
@@ -414,46 +444,43 @@ def decode_profile(engine: Any, messages: list[Any], steps: int) -> None:
         pad_token_id=engine.pad_id,
     )
     with torch.inference_mode():
-        engine.model.generate(**batch, generation_config=config, streamer=Alternate())
-    per_op: dict[str, collections.Counter[str]] = {a: collections.Counter() for a in times}
-    calls: dict[str, collections.Counter[str]] = {a: collections.Counter() for a in times}
-    for event in profiler.events():
-        arm, parent = "generate", event.cpu_parent
-        while parent is not None:
-            if parent.name == "engine step":
-                arm = "engine"
-                break
-            parent = parent.cpu_parent
-        if event.name != "engine step":
+        engine.model.generate(**batch, generation_config=config, streamer=Timer())
+    return times, profiler.events()
+
+
+def _print_decode_profile(measured: dict[str, tuple[list[float], Any]], steps: int) -> None:
+    import collections
+
+    per_op = {arm: collections.Counter[str]() for arm in measured}
+    calls = {arm: collections.Counter[str]() for arm in measured}
+    for arm, (_, events) in measured.items():
+        for event in events:
             per_op[arm][event.name] += event.self_cpu_time_total
             calls[arm][event.name] += 1
-    # generate's steps inside the profile: those after the callback that started it
-    profiled = {"engine": len(times["engine"]), "generate": len(times["generate"]) - 1}
-    for arm in times:
-        wall = statistics.median(t[0] for t in times[arm]) * 1e3
-        cpu = statistics.median(t[1] for t in times[arm]) * 1e3
+    cpu = {}
+    for arm, (times, _) in measured.items():
+        cpu[arm] = statistics.median(times)
         print(
-            f"{arm:>8}: {wall:7.1f} ms a step (wall), {cpu:7.1f} ms (thread CPU), "
-            f"median of {len(times[arm])}"
+            f"{arm:>8}: {cpu[arm] * 1e3:7.1f} ms thread CPU a step (median of {len(times)}; "
+            f"quartiles {statistics.quantiles(times)[0] * 1e3:.1f}-"
+            f"{statistics.quantiles(times)[2] * 1e3:.1f})"
         )
     print(
-        f"{'operator (self time a step)':52} {'engine ms':>9} {'generate ms':>11} {'calls':>6} {'calls':>6}"
+        f"{'operator (self time a step, wall)':52} {'engine ms':>9} {'generate ms':>11} "
+        f"{'calls':>6} {'calls':>6}"
     )
     names = sorted(
         per_op["engine"].keys() | per_op["generate"].keys(),
         key=lambda n: -(per_op["engine"][n] + per_op["generate"][n]),
     )
+    arms = ("engine", "generate")
     for name in [*names[:15], None]:
         cells = [
-            (sum(per_op[a].values()) if name is None else per_op[a][name]) / profiled[a] / 1e3
-            for a in times
-        ] + [
-            (sum(calls[a].values()) if name is None else calls[a][name]) / profiled[a]
-            for a in times
-        ]
+            (sum(per_op[a].values()) if name is None else per_op[a][name]) / steps / 1e3
+            for a in arms
+        ] + [(sum(calls[a].values()) if name is None else calls[a][name]) / steps for a in arms]
         label = "all profiler events" if name is None else name[:52]
         print(f"{label:52} {cells[0]:9.2f} {cells[1]:11.2f} {cells[2]:6.0f} {cells[3]:6.0f}")
-    cpu = {a: statistics.median(t[1] for t in times[a]) for a in times}
     print(
         f"ratio generate / engine, thread CPU a decode step: {cpu['generate'] / cpu['engine']:.2f}x"
     )
@@ -592,7 +619,9 @@ def print_case(result: CaseResult, dtype: str) -> None:
     for arm in ("engine", "generate"):
         print(
             f"  {arm:>8}: {result.median(arm, 'tokens_per_s'):8.1f} tokens/s  "
-            f"{result.median(arm, 'tokens_per_cpu_s'):8.1f} tokens/CPU-s  TTFT {result.median(arm, 'ttft_s'):6.2f}s  peak {result.median(arm, 'peak_mib'):7.0f} "
+            f"{result.median(arm, 'tokens_per_cpu_s'):8.1f} tokens/CPU-s  "
+            f"{result.median(arm, 'decode_tokens_per_cpu_s'):8.1f} decode tokens/CPU-s  "
+            f"TTFT {result.median(arm, 'ttft_s'):6.2f}s  peak {result.median(arm, 'peak_mib'):7.0f} "
             f"MiB  prompt tokens read {result.median(arm, 'prompt_tokens_read'):.0f}",
             flush=True,
         )
@@ -607,7 +636,8 @@ def print_case(result: CaseResult, dtype: str) -> None:
 
 def print_ratios(results: list[CaseResult]) -> None:
     parts = [
-        f"{r.case}: {r.ratio():.2f}x ({r.ratio('tokens_per_cpu_s'):.2f}x per CPU-second)"
+        f"{r.case}: {r.ratio():.2f}x ({r.ratio('tokens_per_cpu_s'):.2f}x per CPU-second, "
+        f"decode steps alone {r.ratio('decode_tokens_per_cpu_s'):.2f}x)"
         for r in results
     ]
     print("ratio engine / generate (tokens/s, medians): " + ", ".join(parts), flush=True)

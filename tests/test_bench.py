@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,7 @@ def test_generate_bench_checks_parity_and_prints_the_ratio_last(tiny_model_dir, 
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("ratio engine / generate")
     assert all(case in lines[-1] for case in ("batch 1", "batch 3", "2x3 siblings"))
+    assert "decode steps alone" in lines[-1]
     cases = {case["case"]: case for case in json.loads(out.read_text())["cases"]}
     assert all("identical" in case["parity"] for case in cases.values())
     siblings = cases["2x3 siblings"]["arms"]
@@ -66,6 +68,9 @@ def test_generate_bench_checks_parity_and_prints_the_ratio_last(tiny_model_dir, 
         siblings["engine"]["prompt_tokens_read"] * 3 <= siblings["generate"]["prompt_tokens_read"]
     )
     assert cases["batch 3"]["agreement"]["identical_rows"] == 3
+    for arm in ("engine", "generate"):  # the decode steps alone: the TTFT call's CPU taken off
+        batch3 = cases["batch 3"]["arms"][arm]
+        assert len(batch3["ttft_runs_cpu_s"]) == 2 and batch3["decode_tokens_per_cpu_s"] > 0
 
 
 def test_word_tokenizer_gives_prompts_of_an_exact_length():
@@ -147,3 +152,13 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     }
     assert len([r for r in rows if r["part"] == "(c) round" and r["value"]]) == 3
     assert "| (c) round | collect on 8 GPUs, train on 1 |" in result.stdout
+
+
+def test_decode_profile_times_each_arms_steps_alone(tiny_model_dir, capsys):
+    args = ["--model", str(tiny_model_dir), "--decode-profile", "2", "--new-tokens", "5"]
+    assert generate.main([*args, "--dtype", "float32", "--source", "builtin"]) == 0
+    out = capsys.readouterr().out
+    for arm in ("engine", "generate"):
+        assert re.search(rf"{arm}: +[\d.]+ ms thread CPU a step \(median of 5;", out), out
+    assert "aten::mm" in out
+    assert out.strip().splitlines()[-1].startswith("ratio generate / engine, thread CPU")
