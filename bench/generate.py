@@ -370,18 +370,23 @@ def assert_parity_float32(engine32: Any, case: Case, rows: int, new_tokens: int)
 # ---------------------------------------------------------------- decode-step profile
 
 
+PROFILED_STEPS = 10
+
+
 def decode_profile(engine: Any, messages: list[Any], steps: int) -> None:
-    """`steps` decode steps of each arm on the same prompts (after the prompt read and one
-    warm-up step), engine then generate, each alone in the process: thread CPU time a step
-    (on a shared CPU wall time also counts other processes' slices), and the PyTorch
-    profiler's self time per operator a step. Each arm's steps run alone because interleaving
-    them (one engine step inside each of generate's streamer callbacks) tripled generate's
-    step (its per-layer KV `torch.cat`) at batch 8 against generate run alone."""
+    """Decode steps of each arm on the same prompts (after the prompt read and one warm-up
+    step), engine then generate, each arm's alone: `steps` steps timed in thread CPU time (on
+    a shared CPU wall time also counts other processes' slices), then PROFILED_STEPS more
+    under the PyTorch profiler for the self time per operator. The profiler is off for the
+    timed steps because it slows the arms unequally: at batch 8 (SmolLM2, 8 DebugBench
+    prompts) generate's step took 164-197 ms of thread CPU unprofiled and 296-472 ms profiled
+    (its per-layer KV `torch.cat` the difference), the engine's 165 ms either way; with one
+    engine step run inside each of generate's streamer callbacks, 622 ms."""
     measured = {}
     for arm, measure in (("engine", _engine_steps), ("generate", _generate_steps)):
         engine.clear_prefix_cache()
         measured[arm] = measure(engine, messages, steps)
-    _print_decode_profile(measured, steps)
+    _print_decode_profile(measured, PROFILED_STEPS)
 
 
 def _engine_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[float], Any]:
@@ -392,16 +397,20 @@ def _engine_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[fl
     stream = engine.stream()
     for m in messages:
         stream.submit(
-            GenerationRequest(m, n=1, temperature=0.0, max_new_tokens=steps + 8, stop="none")
+            GenerationRequest(
+                m, n=1, temperature=0.0, max_new_tokens=steps + PROFILED_STEPS + 8, stop="none"
+            )
         )
     stream.step()  # the prompts read, the first token
     stream.step()  # a warm-up decode step
     times = []
+    for _ in range(steps):
+        began = time.thread_time()
+        stream.step()
+        times.append(time.thread_time() - began)
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        for _ in range(steps):
-            began = time.thread_time()
+        for _ in range(PROFILED_STEPS):
             stream.step()
-            times.append(time.thread_time() - began)
     if len(stream.sequences) != len(messages):
         print(f"note: {len(messages) - len(stream.sequences)} engine rows stopped at EOS early")
     return times, profiler.events()
@@ -425,9 +434,9 @@ def _generate_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[
         def put(self, value: Any) -> None:
             now = time.thread_time()
             self.calls += 1
-            if self.calls > 3:
+            if 3 < self.calls <= steps + 3:
                 times.append(now - self.last)
-            if self.calls == 3:
+            if self.calls == steps + 3:
                 profiler.start()
             self.last = time.thread_time()
 
@@ -437,8 +446,8 @@ def _generate_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[
     ids = [engine.encode_chat(m) for m in messages]
     batch = engine.tokenizer.pad({"input_ids": ids}, return_tensors="pt", padding_side="left")
     config = GenerationConfig(
-        max_new_tokens=steps + 2,
-        min_new_tokens=steps + 2,
+        max_new_tokens=steps + PROFILED_STEPS + 2,
+        min_new_tokens=steps + PROFILED_STEPS + 2,
         do_sample=False,
         eos_token_id=sorted(engine.eos_ids),
         pad_token_id=engine.pad_id,
@@ -448,7 +457,7 @@ def _generate_steps(engine: Any, messages: list[Any], steps: int) -> tuple[list[
     return times, profiler.events()
 
 
-def _print_decode_profile(measured: dict[str, tuple[list[float], Any]], steps: int) -> None:
+def _print_decode_profile(measured: dict[str, tuple[list[float], Any]], profiled: int) -> None:
     import collections
 
     per_op = {arm: collections.Counter[str]() for arm in measured}
@@ -466,7 +475,8 @@ def _print_decode_profile(measured: dict[str, tuple[list[float], Any]], steps: i
             f"{statistics.quantiles(times)[2] * 1e3:.1f})"
         )
     print(
-        f"{'operator (self time a step, wall)':52} {'engine ms':>9} {'generate ms':>11} "
+        f"{f'operator (self time a step, wall, {profiled} profiled steps)':52} {'engine ms':>9} "
+        f"{'generate ms':>11} "
         f"{'calls':>6} {'calls':>6}"
     )
     names = sorted(
@@ -476,9 +486,9 @@ def _print_decode_profile(measured: dict[str, tuple[list[float], Any]], steps: i
     arms = ("engine", "generate")
     for name in [*names[:15], None]:
         cells = [
-            (sum(per_op[a].values()) if name is None else per_op[a][name]) / steps / 1e3
+            (sum(per_op[a].values()) if name is None else per_op[a][name]) / profiled / 1e3
             for a in arms
-        ] + [(sum(calls[a].values()) if name is None else calls[a][name]) / steps for a in arms]
+        ] + [(sum(calls[a].values()) if name is None else calls[a][name]) / profiled for a in arms]
         label = "all profiler events" if name is None else name[:52]
         print(f"{label:52} {cells[0]:9.2f} {cells[1]:11.2f} {cells[2]:6.0f} {cells[3]:6.0f}")
     print(
