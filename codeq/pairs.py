@@ -213,6 +213,12 @@ def read_trajectories(paths: Sequence[Path]) -> list[Trajectory]:
     trajectories: list[Trajectory] = []
     for file in files:
         trajectories.extend(read_jsonl(file, Trajectory))
+    if not trajectories:
+        raise BadInputError(
+            f"no trajectories in {', '.join(str(f) for f in files)} (the files are empty)",
+            hint="`codeq collect` writes one line per searched task: check that it finished and "
+            "searched at least one task",
+        )
     return trajectories
 
 

@@ -331,6 +331,10 @@ class S3Store(ArtifactStore):
             region_name=config.region,
         )
         self.client = boto3.client("s3", endpoint_url=config.endpoint_url, config=client_config)
+        self.endpoint = str(self.client.meta.endpoint_url)
+        self.max_attempts = config.max_attempts
+        self.connect_timeout_s = config.connect_timeout_s
+        self.client.meta.events.register("needs-retry.s3", self._announce_retry)
         threshold = config.multipart_threshold_mb * 1024 * 1024
         self.transfer = TransferConfig(
             multipart_threshold=threshold, multipart_chunksize=threshold, use_threads=True
@@ -339,11 +343,37 @@ class S3Store(ArtifactStore):
     def _key(self, key: str) -> str:
         return join_key(self.prefix, key)
 
+    def _announce_retry(
+        self,
+        attempts: int,
+        operation: Any,
+        response: Any = None,
+        caught_exception: BaseException | None = None,
+        **_: Any,
+    ) -> None:
+        """Before the first retry of a request, say what we wait for (boto3's retries and
+        backoff are otherwise silent for tens of seconds)."""
+        status = response[1].get("ResponseMetadata", {}).get("HTTPStatusCode") if response else None
+        failing = caught_exception is not None or status in {429, 500, 502, 503, 504}
+        if attempts != 1 or not failing or self.max_attempts < 2:
+            return
+        reason = type(caught_exception).__name__ if caught_exception else f"HTTP {status}"
+        log(
+            f"store: S3 at {self.endpoint} did not answer {operation.name} ({reason}); "
+            f"retrying with backoff, {self.max_attempts} attempts in all "
+            f"(store.max_attempts; store.connect_timeout_s={self.connect_timeout_s:g}s each)"
+        )
+
+    def _error(self, exc: BaseException, action: str, key: str) -> Exception:
+        return classify_s3_error(
+            exc, action, self.describe(key), endpoint=self.endpoint, attempts=self.max_attempts
+        )
+
     def _call(self, action: str, key: str, function: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - classified below
-            raise classify_s3_error(exc, action, self.describe(key)) from exc
+            raise self._error(exc, action, key) from exc
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._call(
@@ -393,7 +423,7 @@ class S3Store(ArtifactStore):
         except Exception as exc:  # noqa: BLE001 - classified below
             if error_status(exc) == 404:
                 return False
-            raise classify_s3_error(exc, "check", self.describe(key)) from exc
+            raise self._error(exc, "check", key) from exc
         return True
 
     def list(self, prefix: str) -> list[str]:
@@ -425,7 +455,7 @@ class S3Store(ArtifactStore):
                     return False
                 self.put_bytes(key, data)
                 return True
-            raise classify_s3_error(exc, "write", self.describe(key)) from exc
+            raise self._error(exc, "write", key) from exc
         return True
 
 
@@ -443,9 +473,21 @@ def error_status(exc: BaseException) -> int | None:
     return None
 
 
-def classify_s3_error(exc: BaseException, action: str, where: str) -> Exception:
+def classify_s3_error(
+    exc: BaseException,
+    action: str,
+    where: str,
+    *,
+    endpoint: str | None = None,
+    attempts: int | None = None,
+) -> Exception:
     """Map a boto3/botocore failure to the codeq exception that decides the exit code."""
-    from botocore.exceptions import ClientError, NoCredentialsError
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+    )
 
     if isinstance(exc, NoCredentialsError):
         return ConfigError(
@@ -471,6 +513,15 @@ def classify_s3_error(exc: BaseException, action: str, where: str) -> Exception:
             )
         if status is not None and status < 500 and status != 429:
             return ConfigError(f"cannot {action} {where}: S3 said {code} (HTTP {status})")
+    if isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
+        tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}" if attempts else ""
+        return StoreError(
+            f"cannot {action} {where}: no S3 endpoint answers at {endpoint or 'the endpoint'}"
+            f"{tries} ({type(exc).__name__})",
+            hint="check store.endpoint_url (CODEQ_STORE__ENDPOINT_URL) and that the server is "
+            "up; a smaller store.max_attempts / store.connect_timeout_s fails sooner; the job "
+            "can be retried safely",
+        )
     return StoreError(
         f"cannot {action} {where} after retries: {type(exc).__name__}: {exc}".splitlines()[0],
         hint="the store is unreachable or throttled; the job can be retried safely",

@@ -26,7 +26,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "codeq"
-SECCOMP_DIR = REPO / "images" / "seccomp"
+SECCOMP_DIR = CHART / "files" / "seccomp"
 SANDBOX_SECCOMP = SECCOMP_DIR / "codeq-sandbox.json"
 CACHE = REPO / ".cache"
 IMAGES = ("infer", "train")
@@ -40,8 +40,6 @@ ARGO_SAMPLE = {
     "workflow.status": "Failed",
     "inputs.parameters.round": "0",
 }
-# The sandbox stages' seccomp profile as the chart names a Localhost profile.
-SANDBOX_PROFILE = {"type": "Localhost", "localhostProfile": SANDBOX_SECCOMP.name}
 
 
 class SpecError(Exception):
@@ -279,16 +277,58 @@ def quantity(value: str | int | float, where: str) -> float:
 class RunOptions:
     """What the cluster would supply beside the spec: files of configMap/secret/PVC volumes
     (by volume name), values of env vars that come from elsewhere, extra bind mounts and env
-    the test adds (named, so they are visible in the command), and volumes to leave out."""
+    the test adds (named, so they are visible in the command), and volumes to leave out.
+
+    The node, where a caller models one (the container twin): `claims` maps a
+    PersistentVolumeClaim's name to the host folder that backs it, `node_root` is the folder
+    standing in for the node's file system (hostPath volumes live under it), `seccomp_root` the
+    kubelet's seccomp root (a Localhost profile is `seccomp_root / localhostProfile`; without one
+    it is looked up by file name in `seccomp_dir`), and `emptydir_root` a fresh per-pod folder
+    under which disk-backed emptyDirs become folders as the kubelet makes them (without one they
+    are tmpfs). `network` is the Docker network the pod joins."""
 
     sources: dict[str, Path] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     mounts: dict[str, str] = field(default_factory=dict)  # container path -> host path (ro)
     skip_volumes: frozenset[str] = frozenset()
     seccomp_dir: Path = SECCOMP_DIR
+    seccomp_root: Path | None = None
+    claims: dict[str, Path] = field(default_factory=dict)
+    node_root: Path | None = None
+    emptydir_root: Path | None = None
+    network: str = "none"
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
-def security_args(pod: dict[str, Any], container: dict[str, Any], seccomp_dir: Path) -> list[str]:
+def localhost_profile(container_name: str, seccomp: dict[str, Any], options: RunOptions) -> Path:
+    """The file a Localhost seccomp profile names, as the kubelet resolves it (relative to its
+    seccomp root), or by file name in options.seccomp_dir where no root is modelled."""
+    relative = str(seccomp.get("localhostProfile") or "")
+    if not relative or relative.startswith("/") or ".." in Path(relative).parts:
+        raise SpecError(
+            f"{container_name}: seccomp Localhost profile {relative!r} must be a relative path "
+            "under the kubelet's seccomp root"
+        )
+    if options.seccomp_root is not None:
+        profile = options.seccomp_root / relative
+        where = f"the node's seccomp root ({options.seccomp_root})"
+    else:
+        profile = options.seccomp_dir / Path(relative).name
+        where = str(options.seccomp_dir)
+    if not profile.is_file():
+        raise SpecError(
+            f"{container_name}: seccomp Localhost profile {relative!r} is not in {where}; "
+            "the kubelet would refuse to start the container"
+        )
+    return profile
+
+
+def security_args(
+    pod: dict[str, Any], container: dict[str, Any], options: RunOptions | Path
+) -> list[str]:
+    if isinstance(options, Path):
+        options = RunOptions(seccomp_dir=options)
     name = container.get("name", "?")
     pod_sc = pod.get("securityContext") or {}
     sc = container.get("securityContext") or {}
@@ -316,12 +356,7 @@ def security_args(pod: dict[str, Any], container: dict[str, Any], seccomp_dir: P
     if kind == "Unconfined":
         args += ["--security-opt", "seccomp=unconfined"]
     elif kind == "Localhost":
-        profile = seccomp_dir / Path(seccomp.get("localhostProfile", "")).name
-        if not profile.is_file():
-            raise SpecError(
-                f"{name}: seccomp Localhost profile {seccomp.get('localhostProfile')!r} "
-                f"is not in {seccomp_dir}"
-            )
+        profile = localhost_profile(name, seccomp, options)
         args += ["--security-opt", f"seccomp={profile}"]
     elif kind != "RuntimeDefault":
         raise SpecError(f"{name}: unknown seccompProfile type {kind!r}")
@@ -330,11 +365,48 @@ def security_args(pod: dict[str, Any], container: dict[str, Any], seccomp_dir: P
     return args
 
 
+def emptydir_folder(pod: dict[str, Any], volume_name: str, root: Path) -> Path:
+    """A disk-backed emptyDir as the kubelet makes it: a fresh folder on the node, writable by
+    everyone, group-owned by the pod's fsGroup (setgid, so new files get that group too)."""
+    folder = root / volume_name
+    folder.mkdir(parents=True, exist_ok=True)
+    fs_group = (pod.get("securityContext") or {}).get("fsGroup")
+    mode = 0o777
+    if fs_group is not None:
+        os.chown(folder, -1, int(fs_group))
+        mode |= 0o2000
+    folder.chmod(mode)
+    return folder
+
+
+def host_path(volume: dict[str, Any], where: str, options: RunOptions) -> Path:
+    """A hostPath volume's folder or file under options.node_root (the node's file system)."""
+    spec = volume["hostPath"]
+    if options.node_root is None:
+        raise SpecError(f"{where}: hostPath volume {volume['name']!r} needs a node folder")
+    target = options.node_root / str(spec["path"]).lstrip("/")
+    kind = spec.get("type", "")
+    if kind == "DirectoryOrCreate":
+        target.mkdir(parents=True, exist_ok=True)  # the kubelet: 0755, owned by root
+    elif kind == "Directory" and not target.is_dir():
+        raise SpecError(f"{where}: hostPath {spec['path']} is not a directory on the node")
+    elif kind in ("File", "FileOrCreate") and not target.is_file():
+        if kind == "File":
+            raise SpecError(f"{where}: hostPath {spec['path']} is not a file on the node")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    elif not target.exists():
+        raise SpecError(f"{where}: hostPath {spec['path']} does not exist on the node")
+    return target
+
+
 def volume_args(pod: dict[str, Any], container: dict[str, Any], options: RunOptions) -> list[str]:
     """emptyDir -> tmpfs (Memory or not; size = sizeLimit, /dev/shm -> --shm-size), owned by the
     container's user and the pod's fsGroup as kubelet makes an emptyDir writable for them (a
-    plain --tmpfs over a folder of the image keeps that folder's owner); configMap, secret and
-    PVC volumes -> bind mounts of the folders in options.sources."""
+    plain --tmpfs over a folder of the image keeps that folder's owner), or, with
+    options.emptydir_root, a disk-backed emptyDir -> a folder made as the kubelet makes it;
+    configMap and secret volumes -> bind mounts of the folders in options.sources; PVCs -> the
+    folders in options.claims; hostPath -> under options.node_root."""
     name = container.get("name", "?")
     pod_sc = pod.get("securityContext") or {}
     sc = container.get("securityContext") or {}
@@ -350,16 +422,29 @@ def volume_args(pod: dict[str, Any], container: dict[str, Any], options: RunOpti
         if mount["name"] in options.skip_volumes:
             continue
         path = mount["mountPath"]
+        mode = "ro" if mount.get("readOnly") else "rw"
         if "emptyDir" in volume:
-            limit = (volume["emptyDir"] or {}).get("sizeLimit")
+            spec = volume["emptyDir"] or {}
+            limit = spec.get("sizeLimit")
             size = f",size={int(quantity(limit, name))}" if limit else ""
             if path == "/dev/shm":
                 args += [f"--shm-size={int(quantity(limit, name))}" if limit else "--shm-size=64m"]
+            elif options.emptydir_root is not None and spec.get("medium") != "Memory":
+                folder = emptydir_folder(pod, mount["name"], options.emptydir_root)
+                args += ["-v", f"{folder}:{path}:{mode}"]
             else:
                 args += ["--tmpfs", f"{path}:rw,exec,nosuid,nodev,mode=1777{owner}{size}"]
         elif mount["name"] in options.sources:
-            mode = "ro" if mount.get("readOnly") else "rw"
             args += ["-v", f"{options.sources[mount['name']]}:{path}:{mode}"]
+        elif "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            if claim not in options.claims:
+                raise SpecError(f"{name}: PersistentVolumeClaim {claim!r} (at {path}) is not bound")
+            if volume["persistentVolumeClaim"].get("readOnly"):
+                mode = "ro"
+            args += ["-v", f"{options.claims[claim]}:{path}:{mode}"]
+        elif "hostPath" in volume:
+            args += ["-v", f"{host_path(volume, name, options)}:{path}:{mode}"]
         else:
             raise SpecError(f"{name}: no files given for volume {mount['name']!r} at {path}")
     for path, host in options.mounts.items():
@@ -412,8 +497,14 @@ def run_args(
     the ENTRYPOINT too; `command=` here overrides both (a test's own program)."""
     options = options or RunOptions()
     container = container or pod["containers"][0]
-    args = ["--rm", "--network=none"]
-    args += security_args(pod, container, options.seccomp_dir)
+    args = ["--rm", f"--network={options.network}"]
+    if options.name:
+        args += ["--name", options.name]
+    args += [f"--label={key}={value}" for key, value in sorted(options.labels.items())]
+    if "terminationGracePeriodSeconds" in pod:
+        # `docker stop` then waits as long as the kubelet does before its SIGKILL.
+        args.append(f"--stop-timeout={int(pod['terminationGracePeriodSeconds'])}")
+    args += security_args(pod, container, options)
     args += volume_args(pod, container, options)
     args += env_args(container, options)
     args += resource_args(container)
@@ -466,14 +557,17 @@ def materialize_sources(
 
 
 def sandbox_stage(scenario: str = "kind") -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(rendered objects, pod spec of the collect Job) with the sandbox seccomp profile set as
-    the chart's Localhost profile: the container every sandbox test runs in."""
-    values = scenario_values(scenario)
-    values.setdefault("sandbox", {})["seccompProfile"] = SANDBOX_PROFILE
-    objects = render_chart(values)
+    """(rendered objects, pod spec of the collect Job) as the chart renders them by default: its
+    sandbox container names the chart's Localhost profile (files/seccomp/codeq-sandbox.json):
+    the container every sandbox test runs in."""
+    objects = render_chart(scenario_values(scenario))
     jobs = stage_jobs(objects, ARGO_SAMPLE)
     (collect,) = [job for name, job in jobs.items() if "collect" in name]
-    return objects, collect["spec"]["template"]["spec"]
+    pod = collect["spec"]["template"]["spec"]
+    seccomp = pod["containers"][0]["securityContext"].get("seccompProfile") or {}
+    if seccomp.get("type") != "Localhost":
+        raise SpecError(f"the collect container's seccompProfile is {seccomp}, not Localhost")
+    return objects, pod
 
 
 def in_sandbox_container(

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +84,133 @@ def validate(obj: dict[str, Any]) -> None:
 def test_every_rendered_object_is_valid_under_strict_kubernetes_schemas(scenario):
     checked = 0
     for obj in objects(scenario):
-        if obj["apiVersion"].startswith("argoproj.io/"):
-            continue
+        if obj["apiVersion"].startswith(CUSTOM_RESOURCES):
+            continue  # Argo's and the operator's own schemas check these (below)
         validate(obj)
         checked += 1
     assert checked >= 8
+
+
+# Custom resources the chart renders: Argo's WorkflowTemplate, and the Security Profiles
+# Operator's SeccompProfile (sandbox.seccompInstall.method=operator).
+CUSTOM_RESOURCES = ("argoproj.io/", "security-profiles-operator.x-k8s.io/")
+SECCOMP_ACTIONS = [
+    "SCMP_ACT_KILL",
+    "SCMP_ACT_KILL_PROCESS",
+    "SCMP_ACT_KILL_THREAD",
+    "SCMP_ACT_TRAP",
+    "SCMP_ACT_ERRNO",
+    "SCMP_ACT_TRACE",
+    "SCMP_ACT_ALLOW",
+    "SCMP_ACT_LOG",
+    "SCMP_ACT_NOTIFY",
+]
+SECCOMP_OPERATORS = [
+    "SCMP_CMP_NE",
+    "SCMP_CMP_LT",
+    "SCMP_CMP_LE",
+    "SCMP_CMP_EQ",
+    "SCMP_CMP_GE",
+    "SCMP_CMP_GT",
+    "SCMP_CMP_MASKED_EQ",
+]
+# The spec of security-profiles-operator.x-k8s.io/v1beta1 SeccompProfile (the operator's CRD,
+# written out here field by field), strict: a field the operator does not know is an error.
+_UINT = {"type": "integer", "minimum": 0}
+SECCOMP_PROFILE_SPEC = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["defaultAction"],
+    "properties": {
+        "defaultAction": {"enum": SECCOMP_ACTIONS},
+        "architectures": {
+            "type": "array",
+            "items": {
+                "enum": [
+                    "SCMP_ARCH_NATIVE",
+                    "SCMP_ARCH_X86",
+                    "SCMP_ARCH_X86_64",
+                    "SCMP_ARCH_X32",
+                    "SCMP_ARCH_ARM",
+                    "SCMP_ARCH_AARCH64",
+                ]
+            },
+        },
+        "baseProfileName": {"type": "string"},
+        "disabled": {"type": "boolean"},
+        "flags": {"type": "array", "items": {"type": "string"}},
+        "listenerPath": {"type": "string"},
+        "listenerMetadata": {"type": "string"},
+        "syscalls": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["action", "names"],
+                "properties": {
+                    "action": {"enum": SECCOMP_ACTIONS},
+                    "names": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    "errnoRet": _UINT,
+                    "args": {
+                        "type": "array",
+                        "maxItems": 6,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["index", "op"],
+                            "properties": {
+                                "index": _UINT,
+                                "op": {"enum": SECCOMP_OPERATORS},
+                                "value": _UINT,
+                                "valueTwo": _UINT,
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_the_operators_seccomp_profile_is_valid_and_the_charts_file_rule_for_rule():
+    """With sandbox.seccompInstall.method=operator the chart renders a SeccompProfile that the
+    operator's v1beta1 schema accepts and that holds exactly the rules of the one profile file
+    (files/seccomp/codeq-sandbox.json): same default, every architecture of its archMap, the same
+    syscall rules (the file's `comment`s dropped)."""
+    (profile,) = [o for o in objects("kueue") if o["kind"] == "SeccompProfile"]
+    assert profile["apiVersion"] == "security-profiles-operator.x-k8s.io/v1beta1"
+    assert profile["metadata"]["namespace"] == NAMESPACE
+    errors = list(jsonschema.Draft7Validator(SECCOMP_PROFILE_SPEC).iter_errors(profile["spec"]))
+    assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]]
+    source = json.loads((CHART / "files" / "seccomp" / "codeq-sandbox.json").read_text())
+    spec = profile["spec"]
+    assert spec["defaultAction"] == source["defaultAction"] and source["defaultErrnoRet"] == 1
+    assert spec["architectures"] == [
+        arch
+        for entry in source["archMap"]
+        for arch in [entry["architecture"], *entry["subArchitectures"]]
+    ]
+    assert spec["syscalls"] == [
+        {key: value for key, value in rule.items() if key != "comment"}
+        for rule in source["syscalls"]
+    ]
+    # The stages' Localhost profile is where the operator writes it.
+    sc = stage_jobs("kueue")["collect"]["spec"]["template"]["spec"]["containers"][0][
+        "securityContext"
+    ]
+    name = profile["metadata"]["name"]
+    assert sc["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": f"operator/{NAMESPACE}/{name}.json",
+    }
+
+
+def test_the_operator_schema_check_can_fail():
+    (profile,) = [o for o in objects("kueue") if o["kind"] == "SeccompProfile"]
+    spec = copy.deepcopy(profile["spec"])
+    spec["syscalls"][0]["comment"] = "a field the operator does not have"
+    assert list(jsonschema.Draft7Validator(SECCOMP_PROFILE_SPEC).iter_errors(spec))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -297,7 +420,10 @@ def test_gjson_queries_are_not_valid_condition_keys():
 
 def find_tool(name: str) -> str:
     local = REPO / ".tools" / name / "bin" / name
-    found = str(local) if local.exists() else shutil.which(name)
+    # the interpreter's own bin/ first: `.venv/bin/python -m pytest` finds .venv's tools
+    # without the PATH that `make test` sets
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = str(local) if local.exists() else shutil.which(name, path=search)
     if found:
         return found
     message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"

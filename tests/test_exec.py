@@ -20,9 +20,7 @@ def prepared(tmp_path_factory) -> tuple[Path, Task]:
 
 
 def _exec(tasks: Path, task_id: str, code: Path, *extra: str) -> int:
-    return cli.run(
-        ["exec", "--tasks", str(tasks), "--task-id", task_id, "--code", str(code), *extra]
-    )
+    return cli.run(["exec", str(tasks), "--task-id", task_id, "--code", str(code), *extra])
 
 
 def test_exec_prints_one_json_verdict(prepared, tmp_path: Path, capsys) -> None:

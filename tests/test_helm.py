@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import os
 import re
@@ -373,6 +374,17 @@ def test_collect_is_an_indexed_job_with_per_index_retries(scenario):
         assert spec["maxFailedIndexes"] == values["stages"]["collect"]["maxFailedIndexes"]
 
 
+def expected_sandbox_profile(values: dict[str, Any]) -> dict[str, str]:
+    """The sandbox containers' seccompProfile: sandbox.seccompProfile, an empty Localhost path
+    filled in with where sandbox.seccompInstall puts the chart's profile."""
+    profile = {k: v for k, v in values["sandbox"]["seccompProfile"].items() if v}
+    if profile["type"] == "Localhost" and "localhostProfile" not in profile:
+        method = values["sandbox"]["seccompInstall"]["method"]
+        folder = {"daemonset": f"codeq/{NAMESPACE}", "operator": f"operator/{NAMESPACE}"}[method]
+        profile["localhostProfile"] = f"{folder}/{RELEASE}-sandbox.json"
+    return profile
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_job_has_placement_gpus_deadlines_and_restricted_security(scenario):
     values = effective_values(scenario)
@@ -407,7 +419,7 @@ def test_every_job_has_placement_gpus_deadlines_and_restricted_security(scenario
         assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
         assert sc["capabilities"] == {"drop": ["ALL"]}
         if stage in SANDBOX_STAGES:
-            assert sc["seccompProfile"] == values["sandbox"]["seccompProfile"]
+            assert sc["seccompProfile"] == expected_sandbox_profile(values)
         else:
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         labels = spec["template"]["metadata"]["labels"]
@@ -515,6 +527,84 @@ def test_emptydir_sizes_are_per_stage_and_fit_the_stage_and_common_nodes(scenari
             "tmp": sizes["tmp"],
             "dshm": sizes["shm"],
         }
+
+
+SECCOMP_FILE = CHART / "files" / "seccomp" / "codeq-sandbox.json"
+
+
+def test_the_sandbox_profile_is_one_file_installed_on_the_sandbox_nodes_by_a_daemonset():
+    """By default the sandbox stages use the chart's Localhost profile, which a DaemonSet writes,
+    byte for byte from files/seccomp/codeq-sandbox.json (the file the image tests use too), to the
+    path under the kubelet's seccomp root that the stages name; it runs on the nodes of every
+    sandbox stage (their pools' selectors ORed, their tolerations joined) and nowhere else."""
+    found = objects("default")
+    values = effective_values("default")
+    (config_map,) = [
+        o for o in found if o["kind"] == "ConfigMap" and "sandbox" in o["metadata"]["name"]
+    ]
+    ((file_name, content),) = config_map["data"].items()
+    assert content.encode() == SECCOMP_FILE.read_bytes()
+    (daemonset,) = [o for o in found if o["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["profile"]["configMap"]["name"] == config_map["metadata"]["name"]
+    folder = volumes["node-seccomp"]["hostPath"]["path"]
+    root = values["sandbox"]["seccompInstall"]["kubeletSeccompRoot"]
+    for stage, job in stage_jobs("default").items():
+        sc = job["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        if stage in SANDBOX_STAGES:
+            assert sc["seccompProfile"]["type"] == "Localhost"
+            assert f"{root}/{sc['seccompProfile']['localhostProfile']}" == f"{folder}/{file_name}"
+    (install,) = pod["initContainers"]
+    assert {e["name"]: e["value"] for e in install["env"]}["PROFILE"] == file_name
+    assert install["securityContext"]["runAsUser"] == 0
+    assert install["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert install["securityContext"]["allowPrivilegeEscalation"] is False
+    assert install["securityContext"]["readOnlyRootFilesystem"] is True
+    (main,) = pod["containers"]
+    assert main["securityContext"]["runAsNonRoot"] is True
+    assert next(m for m in main["volumeMounts"] if m["name"] == "node-seccomp")["readOnly"]
+    # A new profile rolls the pods.
+    sha = daemonset["spec"]["template"]["metadata"]["annotations"]["codeq.io/seccomp-sha256"]
+    assert sha == hashlib.sha256(SECCOMP_FILE.read_bytes()).hexdigest()
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    pools = {values["stages"][s]["pool"] for s in SANDBOX_STAGES}
+    assert sorted(map(json.dumps, terms["nodeSelectorTerms"])) == sorted(
+        json.dumps(
+            {"matchExpressions": [{"key": "codeq.io/pool", "operator": "In", "values": [p]}]}
+        )
+        for p in pools
+    )
+    expected = [t for p in sorted(pools) for t in values["pools"][p]["tolerations"]]
+    assert sorted(map(json.dumps, pod["tolerations"])) == sorted(set(map(json.dumps, expected)))
+    # kind: one unlabelled node, so no affinity at all.
+    (kind,) = [o for o in objects("kind") if o["kind"] == "DaemonSet"]
+    assert "affinity" not in kind["spec"]["template"]["spec"]
+
+
+def test_unconfined_is_the_fallback_and_installs_nothing():
+    found = objects("default", json.dumps({"sandbox": {"seccompProfile": {"type": "Unconfined"}}}))
+    assert not [o for o in found if o["kind"] in ("DaemonSet", "SeccompProfile")]
+    jobs = stage_jobs(
+        "default", json.dumps({"sandbox": {"seccompProfile": {"type": "Unconfined"}}})
+    )
+    for stage in SANDBOX_STAGES:
+        sc = jobs[stage]["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        assert sc["seccompProfile"] == {"type": "Unconfined"}
+        assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+
+
+def test_a_localhost_profile_nobody_installs_must_be_named():
+    extra = {"sandbox": {"seccompInstall": {"method": "none"}}}
+    with pytest.raises(helm.HelmError, match="localhostProfile"):
+        objects("default", json.dumps(extra))
+    extra["sandbox"]["seccompProfile"] = {"type": "Localhost", "localhostProfile": "mine.json"}
+    found = objects("default", json.dumps(extra))
+    assert not [o for o in found if o["kind"] in ("DaemonSet", "SeccompProfile")]
+    sc = stage_jobs("default", json.dumps(extra))["collect"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["securityContext"]
+    assert sc["seccompProfile"] == {"type": "Localhost", "localhostProfile": "mine.json"}
 
 
 def test_apparmor_is_only_set_where_asked_for():

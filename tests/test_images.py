@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -24,7 +25,10 @@ LOCKS = {
 
 def find_tool(name: str) -> str:
     local = REPO / ".tools" / name / "bin" / name
-    found = str(local) if local.exists() else shutil.which(name)
+    # the interpreter's own bin/ first: `.venv/bin/python -m pytest` finds .venv's tools
+    # without the PATH that `make test` sets
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = str(local) if local.exists() else shutil.which(name, path=search)
     if found:
         return found
     message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"
@@ -287,7 +291,9 @@ def test_sandbox_seccomp_profile_is_the_default_plus_what_runsc_needs():
     """One file for the chart and the tests: the runtime default resolved for a container without
     capabilities, plus exactly the syscalls rootless runsc needs (each one shown necessary in
     images/README.md), and none of the CAP_SYS_ADMIN family besides."""
-    profile = json.loads((REPO / "images" / "seccomp" / "codeq-sandbox.json").read_text())
+    profile = json.loads(
+        (REPO / "helm" / "codeq" / "files" / "seccomp" / "codeq-sandbox.json").read_text()
+    )
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
     assert {a["architecture"] for a in profile["archMap"]} == {
         "SCMP_ARCH_X86_64",

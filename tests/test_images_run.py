@@ -3,7 +3,7 @@ failed instead when CODEQ_REQUIRE_DOCKER=1, as in .ci/run).
 
 Builds the CPU variants with images/build.sh (cached layers are reused), then runs them the way
 the chart says: the sandbox container of the rendered collect Job (real Helm render, with the
-sandbox seccomp profile images/seccomp/codeq-sandbox.json as a Localhost profile) becomes
+sandbox seccomp profile helm/codeq/files/seccomp/codeq-sandbox.json as a Localhost profile) becomes
 `docker run` arguments through tests/containers.py: user 10001, every capability dropped,
 no-new-privileges, read-only root, emptyDirs as tmpfs, the seccomp profile, env and limits.
 Inside it the project's sandbox and attack tests must pass."""
@@ -28,7 +28,6 @@ from tests.test_images import LOCKS, locked
 pytestmark = pytest.mark.slow
 
 SANDBOX_TESTS = ("tests/test_sandbox.py", "tests/test_sandbox_attacks.py")
-SANDBOX_PROFILE = containers.SANDBOX_PROFILE
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,11 @@ def images(engine) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def chart_and_pod() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     objects, pod = containers.sandbox_stage()
-    assert pod["containers"][0]["securityContext"]["seccompProfile"] == SANDBOX_PROFILE
+    (container,) = pod["containers"]
+    seccomp = container["securityContext"]["seccompProfile"]
+    assert seccomp["type"] == "Localhost"
+    profile = containers.localhost_profile(container["name"], seccomp, containers.RunOptions())
+    assert profile == containers.SANDBOX_SECCOMP
     return objects, pod
 
 
@@ -133,7 +136,8 @@ def test_runsc_runs_nested_with_the_profile_and_not_with_the_runtime_default(
         "echo inside-gvisor; uname -r",
     ]
     results = {}
-    for profile in (SANDBOX_PROFILE, {"type": "RuntimeDefault"}):
+    charts = sandbox_pod["containers"][0]["securityContext"]["seccompProfile"]
+    for profile in (charts, {"type": "RuntimeDefault"}):
         pod = json.loads(json.dumps(sandbox_pod))
         pod["containers"][0]["securityContext"]["seccompProfile"] = profile
         args = containers.run_args(

@@ -57,3 +57,28 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     assert "starting" not in "".join(
         line for line in again.stderr.splitlines() if line.startswith("[curve]")
     )
+
+    # what the searches show, read from the same run's trajectories and scored again
+    findings = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "curve_findings.py"),
+            "--eval",
+            str(tmp_path / "curve" / "eval"),
+            "--tasks",
+            str(tmp_path / "curve" / "work" / "tasks-test" / "test.jsonl"),
+            "--json",
+            str(tmp_path / "findings.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert findings.returncode == 0, findings.stderr[-3000:]
+    found = json.loads((tmp_path / "findings.json").read_text())
+    recorded = json.loads((tmp_path / "curve" / "results" / "base-test.json").read_text())
+    for mode in ("zero_shot", "full_rewrite", "mcts", "bon"):
+        row = found["base"][mode]
+        assert row["tasks"] == 2 and row["rewrites"] >= 2
+        assert row["returned_program"]["per_task"] == recorded["modes"][mode]["per_task"]

@@ -107,27 +107,19 @@ def test_collect_cli_writes_trajectories_and_a_summary(
     monkeypatch.setenv("CODEQ_POLICY__MAX_NEW_TOKENS", "24")
     monkeypatch.setenv("CODEQ_POLICY__CRITIQUE_MAX_NEW_TOKENS", "8")
     monkeypatch.setenv("CODEQ_POLICY__CPU_THREADS", "1")
-    out = tmp_path / "cli.jsonl"
-    argv = [
-        "collect",
-        "--tasks",
-        str(tasks_file),
-        "--out",
-        str(out),
-        "--model",
-        str(tiny_model_dir),
-    ]
+    out = tmp_path / "cli"
+    argv = ["collect", str(tasks_file), "--out", str(out), "--model", str(tiny_model_dir)]
     argv += ["--mode", "bon", "--rollouts", "2", "--max-tasks", "2"]
     code = cli.run(argv)
     assert code == 0
     assert "2 task(s) searched" in capsys.readouterr().out
-    trajectories = read_jsonl(out, Trajectory)
+    trajectories = read_jsonl(out / "trajectories.jsonl", Trajectory)
     assert [t.mode for t in trajectories] == ["bon", "bon"]
     assert all(len(t.nodes) == 3 for t in trajectories)
 
 
 def test_collect_cli_rejects_a_bad_shard(tasks_file, tmp_path):
-    argv = ["collect", "--tasks", str(tasks_file), "--out", str(tmp_path / "x.jsonl")]
+    argv = ["collect", str(tasks_file), "--out", str(tmp_path / "x")]
     assert cli.run([*argv, "--shard-index", "3", "--shard-count", "2"]) == 2
 
 

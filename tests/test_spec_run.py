@@ -22,6 +22,8 @@ import pytest
 import yaml
 from test_helm import STAGES, deep_merge, scenario_values, substitute
 
+from tests import twin
+
 helm = pytest.importorskip("helm_python")
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
@@ -113,20 +115,7 @@ def dag_order(workflow_template: dict[str, Any]) -> list[str]:
     """Templates of the entrypoint DAG in dependency order (a topological sort of `depends`)."""
     spec = workflow_template["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
-    tasks = {t["name"]: t for t in templates[spec["entrypoint"]]["dag"]["tasks"]}
-    order: list[str] = []
-    while len(order) < len(tasks):
-        ready = [
-            name
-            for name, task in tasks.items()
-            if name not in order
-            and all(
-                dep.strip() in order for dep in task.get("depends", "").split("&&") if dep.strip()
-            )
-        ]
-        assert ready, "the DAG has a cycle or a dependency on an unknown task"
-        order.append(ready[0])
-    return [tasks[name]["template"] for name in order]
+    return [task["template"] for task in twin.dag_order(templates[spec["entrypoint"]]["dag"])]
 
 
 class LocalPod:

@@ -3,29 +3,59 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
-from codeq.commands.common import config_with
+from codeq.commands.common import config_with, key_option, model_option, out_dir, out_option
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+
+
+def trajectories_file(folder: Path, shard_index: int, shard_count: int) -> Path:
+    """OUT/trajectories.jsonl, or OUT/shard-<i>/trajectories.jsonl when sharded (the layout
+    `codeq pairs OUT` reads)."""
+    if shard_count == 1:
+        return folder / TRAJECTORIES_FILE
+    return folder / f"shard-{shard_index}" / TRAJECTORIES_FILE
 
 
 def command(
-    tasks: Path = typer.Option(..., "--tasks", help="Tasks JSONL (e.g. tasks/train.jsonl)."),
-    out: Path = typer.Option(..., "--out", help="Trajectories JSONL; resumed if it exists."),
-    shard_index: int = typer.Option(0, "--shard-index", help="This shard (0-based)."),
-    shard_count: int = typer.Option(1, "--shard-count", help="Number of shards."),
-    mode: str | None = typer.Option(None, "--mode", help="mcts | bon (default: search.mode)."),
-    rollouts: int | None = typer.Option(
-        None, "--rollouts", help="MCTS rollouts per task (for bon: N samples)."
+    tasks: Path = typer.Argument(
+        ..., help="Tasks JSONL from `codeq prepare` (e.g. tasks/train.jsonl).", metavar="TASKS"
     ),
-    model: str | None = typer.Option(None, "--model", help="Policy model (id, folder, .gguf)."),
-    adapter: str | None = typer.Option(None, "--adapter", help="LoRA adapter folder."),
-    max_tasks: int | None = typer.Option(None, "--max-tasks", help="Search at most N tasks."),
+    out: Path | None = out_option(
+        "trajectories",
+        f"{TRAJECTORIES_FILE} (shard-<i>/{TRAJECTORIES_FILE} when sharded); a rerun resumes it",
+    ),
+    shard_index: int = typer.Option(
+        0, "--shard-index", help="This shard (0-based).", metavar="I", min=0
+    ),
+    shard_count: int = typer.Option(
+        1, "--shard-count", help="Number of shards.", metavar="N", min=1
+    ),
+    mode: Literal["mcts", "bon"] | None = key_option(
+        "search.mode", "--mode", help="Tree search or best-of-N sampling.", metavar="[mcts|bon]"
+    ),
+    rollouts: int | None = key_option(
+        "search.rollouts",
+        "--rollouts",
+        help="MCTS rollouts per task (for bon: N samples, default search.bon_samples).",
+        metavar="N",
+        min=1,
+    ),
+    model: str | None = model_option(),
+    adapter: Path | None = key_option(
+        "policy.adapter", "--adapter", help="LoRA adapter folder to apply.", metavar="DIR"
+    ),
+    max_tasks: int | None = typer.Option(
+        None, "--max-tasks", help="Search at most N tasks of the shard.", metavar="N", min=1
+    ),
 ) -> None:
     """Search (MCTS or best-of-N) over tasks; write trajectories."""
     config = config_with(
         {
-            "policy": {"model": model, "adapter": adapter},
+            "policy": {"model": model, "adapter": str(adapter) if adapter else None},
             "search": {"mode": mode},
         }
     )
@@ -33,7 +63,7 @@ def command(
 
     summary = collect(
         tasks,
-        out,
+        trajectories_file(out_dir(out, config, "trajectories"), shard_index, shard_count),
         config,
         shard_index=shard_index,
         shard_count=shard_count,

@@ -1,31 +1,115 @@
-"""State shared by commands: the global --config file, and config loading with overrides."""
+"""State shared by commands: --config and --preset, config loading with flag overrides, and the
+option helpers that keep option names, metavars and shown defaults the same in every command."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codeq.config import CodeQConfig, load_config
+import typer
+
+from codeq.config import CodeQConfig, explain_config, load_config
+from codeq.config_layers import (
+    DEFAULT_PRESET,
+    PRESET_ENV,
+    PRESETS_DIR,
+    read_yaml_mapping,
+    sub_model,
+)
 from codeq.errors import StageFailedError
 
 
 @dataclass
 class CliState:
     config_file: Path | None = None
+    preset: str | None = None
 
 
 STATE = CliState()
 
 
-def config_with(overrides: dict[str, dict[str, Any]] | None = None) -> CodeQConfig:
-    """Load the config (file, env) and apply CLI flag overrides; None values are dropped."""
+def chosen_preset(default: str = DEFAULT_PRESET) -> str:
+    """--preset, else CODEQ_PRESET, else the command's default."""
+    return STATE.preset or os.environ.get(PRESET_ENV) or default
+
+
+def _cleaned(overrides: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
     cleaned: dict[str, Any] = {}
     for section, values in (overrides or {}).items():
         kept = {key: value for key, value in values.items() if value is not None}
         if kept:
             cleaned[section] = kept
-    return load_config(STATE.config_file, cleaned)
+    return cleaned
+
+
+def config_with(
+    overrides: dict[str, dict[str, Any]] | None = None, *, preset: str = DEFAULT_PRESET
+) -> CodeQConfig:
+    """Load the config (preset, file, env) and apply CLI flag overrides; None values are
+    dropped. `preset` is the command's default preset (--preset and CODEQ_PRESET win)."""
+    return load_config(STATE.config_file, _cleaned(overrides), preset=chosen_preset(preset))
+
+
+def explain_with(
+    overrides: dict[str, dict[str, Any]] | None = None, *, preset: str = DEFAULT_PRESET
+) -> str:
+    return explain_config(STATE.config_file, _cleaned(overrides), preset=chosen_preset(preset))
+
+
+# ------------------------------------------------------------------------------ options
+
+
+def preset_value(key: str, preset: str = DEFAULT_PRESET) -> Any:
+    """The value of a dotted config key under a preset, without the user's file or env (for
+    the defaults that --help shows)."""
+    *sections, name = key.split(".")
+    model = sub_model(CodeQConfig, tuple(sections))
+    assert model is not None, key
+    value = model.model_fields[name].get_default(call_default_factory=True)
+    node: Any = read_yaml_mapping(PRESETS_DIR / f"{preset}.yaml")
+    for section in sections:
+        node = node.get(section) or {}
+    return node.get(name, value)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)
+    return "none" if value is None else str(value)
+
+
+def key_option(
+    key: str, *names: str, help: str, metavar: str, preset: str = DEFAULT_PRESET, **kwargs: Any
+) -> Any:
+    """An option that overrides config key `key`; --help shows the key's value as default."""
+    shown = f"{key} = {_shown(preset_value(key, preset))}"
+    return typer.Option(None, *names, help=help, metavar=metavar, show_default=shown, **kwargs)
+
+
+def out_option(stage_folder: str, what: str) -> Any:
+    """--out/-o: always a folder; default work_dir/<stage_folder>."""
+    return typer.Option(
+        None,
+        "--out",
+        "-o",
+        help=f"Output folder for {what}.",
+        metavar="DIR",
+        show_default=f"work_dir/{stage_folder} = {preset_value('work_dir')}/{stage_folder}",
+        file_okay=False,
+    )
+
+
+def out_dir(out: Path | None, config: CodeQConfig, stage_folder: str) -> Path:
+    return out if out is not None else Path(config.work_dir) / stage_folder
+
+
+MODEL_HELP = "Base model: Hugging Face id, model folder, .gguf file, or 'smollm2'."
+
+
+def model_option(preset: str = DEFAULT_PRESET) -> Any:
+    return key_option("policy.model", "--model", help=MODEL_HELP, metavar="MODEL", preset=preset)
 
 
 def not_built_yet(stage: str, issue: str) -> StageFailedError:

@@ -5,25 +5,44 @@ from pathlib import Path
 
 import typer
 
-from codeq.commands.common import config_with
+from codeq.commands.common import config_with, key_option, model_option, out_dir, out_option
+from codeq.config import EVAL_MODES
 
 
 def command(
     tasks: Path = typer.Argument(
-        ..., help="test.jsonl or validation.jsonl (or the tasks folder: its test.jsonl)."
+        ...,
+        help="test.jsonl or validation.jsonl (or the tasks folder: its test.jsonl).",
+        metavar="TASKS",
     ),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output folder (default work_dir/eval)."
+    out: Path | None = out_option("eval", "results.json"),
+    adapter: Path | None = key_option(
+        "policy.adapter",
+        "--adapter",
+        help="LoRA adapter to evaluate on top of the base model.",
+        metavar="DIR",
     ),
-    adapter: Path | None = typer.Option(None, help="LoRA adapter to evaluate on top of the base."),
-    model: str | None = typer.Option(
-        None, help="Base model (policy.model): HF id, folder, .gguf, smollm2."
+    model: str | None = model_option(),
+    modes: str | None = key_option(
+        "evaluate.modes",
+        "--modes",
+        help=f"Comma-separated evaluation modes: {','.join(EVAL_MODES)}.",
+        metavar="MODES",
     ),
-    modes: str | None = typer.Option(
-        None, help="Comma-separated: zero_shot,full_rewrite,mcts,bon."
+    max_tasks: int | None = key_option(
+        "evaluate.max_tasks",
+        "--max-tasks",
+        help="Evaluate at most N test tasks.",
+        metavar="N",
+        min=1,
     ),
-    max_tasks: int | None = typer.Option(None, help="Evaluate at most N test tasks."),
-    rollouts: int | None = typer.Option(None, help="MCTS rollouts of the primary mcts figure."),
+    rollouts: int | None = key_option(
+        "search.rollouts",
+        "--rollouts",
+        help="MCTS rollouts per task of the primary mcts figure.",
+        metavar="N",
+        min=1,
+    ),
 ) -> None:
     """Score every mode on the same held-out tasks with hidden tests; writes OUT/results.json."""
     from codeq.evaluate import evaluate
@@ -39,11 +58,11 @@ def command(
             },
         }
     )
-    out_dir = out or Path(config.work_dir) / "eval"
+    folder = out_dir(out, config, "eval")
     split: Split = "validation" if tasks.name.startswith("validation") else "test"
-    results = evaluate(tasks, out_dir, config, split=split, adapter=adapter)
+    results = evaluate(tasks, folder, config, split=split, adapter=adapter)
     summary = {
         mode: stats.model_dump(include={"n", "solved", "solve_rate", "ci_low", "ci_high"})
         for mode, stats in results.modes.items()
     }
-    typer.echo(json.dumps({"out": str(out_dir / "results.json"), "modes": summary}))
+    typer.echo(json.dumps({"out": str(folder / "results.json"), "modes": summary}))

@@ -1,8 +1,9 @@
-"""`codeq exec --tasks FILE --task-id ID --code FILE [--tests visible|hidden|all] --json`."""
+"""`codeq exec TASKS --task-id ID --code FILE [--tests visible|hidden|all] [--json]`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
@@ -11,20 +12,29 @@ from codeq.errors import BadInputError, MissingInputError
 
 
 def command(
-    tasks: Path = typer.Option(..., "--tasks", help="Tasks file (train.jsonl or test.jsonl)."),
-    task_id: str = typer.Option(..., "--task-id", help="task_id of the task to run."),
-    code: Path = typer.Option(..., "--code", help="Python file with the program to run."),
-    tests: str = typer.Option("all", "--tests", help="Which tests: visible, hidden or all."),
+    tasks: Path = typer.Argument(
+        ..., help="Tasks file (train.jsonl or test.jsonl from `codeq prepare`).", metavar="TASKS"
+    ),
+    task_id: str = typer.Option(..., "--task-id", help="task_id of the task to run.", metavar="ID"),
+    code: Path = typer.Option(
+        ..., "--code", help="Python file with the program to run.", metavar="FILE"
+    ),
+    tests: Literal["visible", "hidden", "all"] = typer.Option(
+        "all", "--tests", help="Which of the task's tests to run.", metavar="[visible|hidden|all]"
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as one JSON line."),
 ) -> None:
+    """Run one program against a task's tests in the sandbox."""
     from codeq.sandbox import Sandbox
     from codeq.schemas import Task, iter_jsonl
     from codeq.tasks import score_programs
 
-    if tests not in ("visible", "hidden", "all"):
-        raise BadInputError(f"--tests must be visible, hidden or all, not {tests!r}")
     if not code.is_file():
         raise MissingInputError(f"{code} does not exist", hint="pass a Python file with --code")
+    if not tasks.is_file():
+        raise MissingInputError(
+            f"{tasks} does not exist", hint="pass train.jsonl or test.jsonl from `codeq prepare`"
+        )
     task = next((t for t in iter_jsonl(tasks, Task) if t.task_id == task_id), None)
     if task is None:
         raise BadInputError(
@@ -32,7 +42,7 @@ def command(
         )
     config = config_with()
     with Sandbox(config.sandbox) as sandbox:
-        verdict = score_programs([(task, code.read_text(encoding="utf-8"))], tests, sandbox)[0]  # type: ignore[arg-type]
+        verdict = score_programs([(task, code.read_text(encoding="utf-8"))], tests, sandbox)[0]
     if as_json:
         typer.echo(verdict.model_dump_json())
         return

@@ -4,22 +4,21 @@ from pathlib import Path
 
 import typer
 
-from codeq.commands.common import config_with
+from codeq.commands.common import config_with, model_option, out_dir, out_option
 
 
 def command(
-    adapter: Path = typer.Argument(..., help="Adapter folder from `codeq train` (OUT/adapter)."),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output folder (default work_dir/merged)."
+    adapter: Path = typer.Argument(
+        ..., help="Adapter folder from `codeq train` (its OUT/adapter).", metavar="ADAPTER"
     ),
-    model: str | None = typer.Option(
-        None, help="Base model (policy.model): HF id, folder, .gguf, smollm2."
-    ),
+    out: Path | None = out_option("merged", "the merged model (safetensors)"),
+    model: str | None = model_option(),
 ) -> None:
     """Merge a LoRA adapter into its base model (safetensors folder for the next round)."""
-    from codeq.train import merge_adapter, resolve_model_source
+    from codeq.policy.source import resolve_model_source
+    from codeq.train import merge_adapter
 
     config = config_with({"policy": {"model": model}})
-    out_dir = out or Path(config.work_dir) / "merged"
-    merged = merge_adapter(resolve_model_source(config.policy), adapter, out_dir, config)
+    base = resolve_model_source(config.policy.model, config.policy.cache_dir)
+    merged = merge_adapter(base, adapter, out_dir(out, config, "merged"), config)
     typer.echo(str(merged))

@@ -5,19 +5,32 @@ from pathlib import Path
 
 import typer
 
-from codeq.commands.common import config_with
+from codeq.commands.common import config_with, key_option, out_dir, out_option
+from codeq.errors import StageFailedError
 
 
 def command(
     trajectories: list[Path] = typer.Argument(
-        ..., help="Trajectory JSONL files or folders of shards (from `codeq collect`)."
+        ...,
+        help="Trajectory JSONL files or folders of them (the --out folder of `codeq collect`).",
+        metavar="TRAJECTORIES",
     ),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output folder (default work_dir/pairs)."
+    out: Path | None = out_option("pairs", "pairs.jsonl and stats.json"),
+    alpha: float | None = key_option(
+        "pairs.alpha", "--alpha", help="Q = alpha*Q_mcts + (1-alpha)*Q_ai.", metavar="A"
     ),
-    alpha: float | None = typer.Option(None, help="Q = alpha*Q_mcts + (1-alpha)*Q_ai."),
-    min_value_gap: float | None = typer.Option(None, help="theta: minimum |dQ| of a pair."),
-    max_pairs_per_task: int | None = typer.Option(None, help="Cap on pairs from one task."),
+    min_value_gap: float | None = key_option(
+        "pairs.min_value_gap",
+        "--min-value-gap",
+        help="theta: a pair needs |Q_chosen - Q_rejected| > theta.",
+        metavar="THETA",
+    ),
+    max_pairs_per_task: int | None = key_option(
+        "pairs.max_pairs_per_task",
+        "--max-pairs-per-task",
+        help="Cap on pairs from one task.",
+        metavar="N",
+    ),
 ) -> None:
     """Turn trajectories into DPO preference pairs (pairs.jsonl + stats.json)."""
     from codeq.pairs import make_pairs
@@ -31,6 +44,14 @@ def command(
             }
         }
     )
-    out_dir = out or Path(config.work_dir) / "pairs"
-    stats = make_pairs(trajectories, out_dir, config)
-    typer.echo(json.dumps({"out": str(out_dir), **{k: stats[k] for k in ("pairs", "dropped")}}))
+    folder = out_dir(out, config, "pairs")
+    stats = make_pairs(trajectories, folder, config)
+    typer.echo(json.dumps({"out": str(folder), **{k: stats[k] for k in ("pairs", "dropped")}}))
+    if stats["pairs"] == 0:
+        dropped = ", ".join(f"{n} {reason}" for reason, n in stats["dropped"].items() if n)
+        raise StageFailedError(
+            f"no preference pairs from {stats['trajectories']} trajectories"
+            f" (dropped: {dropped or 'none'}); `codeq train` would have nothing to learn from",
+            hint="siblings need clearly different values: lower --min-value-gap, or collect "
+            "with more --rollouts so trees have siblings",
+        )

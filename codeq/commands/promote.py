@@ -6,12 +6,20 @@ from pathlib import Path
 import typer
 
 from codeq.commands import common
+from codeq.commands.common import key_option
 
 
 def command(
-    store_uri: str | None = typer.Option(None, "--store", help="Store URI (store.uri)."),
-    run: str | None = typer.Option(None, "--run", help="Run name (store.run)."),
-    round_number: int | None = typer.Option(None, "--round", min=0, help="Round (store.round)."),
+    store_uri: str | None = key_option(
+        "store.uri",
+        "--store",
+        help="Artifact store: file://PATH or s3://BUCKET/PREFIX.",
+        metavar="URI",
+    ),
+    run: str | None = key_option("store.run", "--run", help="Run name.", metavar="NAME"),
+    round_number: int | None = key_option(
+        "store.round", "--round", help="Round number.", metavar="N", min=0
+    ),
 ) -> None:
     """Promote the round's adapter to runs/<run>/current if it beats the incumbent."""
     from codeq.pipeline.stages import StageContext, promote_stage

@@ -4,32 +4,39 @@ from pathlib import Path
 
 import typer
 
-from codeq.commands.common import config_with
+from codeq.commands.common import config_with, out_dir, out_option
 
 
 def command(
     eval_results: Path | None = typer.Option(
-        None, "--eval", help="results.json (or folder) of the evaluated adapter."
+        None,
+        "--eval",
+        help="results.json (or its folder) of the evaluated adapter.",
+        metavar="PATH",
     ),
     base_eval: Path | None = typer.Option(
-        None, "--base-eval", help="results.json (or folder) of the base model, same tasks."
+        None,
+        "--base-eval",
+        help="results.json (or its folder) of the base model, same tasks.",
+        metavar="PATH",
     ),
     train: Path | None = typer.Option(
-        None, "--train", help="metrics.json (or folder) of `codeq train`."
+        None, "--train", help="metrics.json (or its folder) of `codeq train`.", metavar="PATH"
     ),
     pairs: Path | None = typer.Option(
-        None, "--pairs", help="stats.json (or folder) of `codeq pairs`."
+        None, "--pairs", help="stats.json (or its folder) of `codeq pairs`.", metavar="PATH"
     ),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output folder (default work_dir/report)."
-    ),
+    out: Path | None = out_option("report", "report.json, report.md and index.html"),
 ) -> None:
     """Render report.json, report.md and a self-contained index.html with plots."""
     from codeq.report import render_report
 
     config = config_with({})
-    out_dir = out or Path(config.work_dir) / "report"
     index = render_report(
-        out_dir, results=eval_results, base_results=base_eval, train_metrics=train, pair_stats=pairs
+        out_dir(out, config, "report"),
+        results=eval_results,
+        base_results=base_eval,
+        train_metrics=train,
+        pair_stats=pairs,
     )
     typer.echo(str(index))

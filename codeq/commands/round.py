@@ -6,67 +6,113 @@ from typing import TYPE_CHECKING
 import typer
 
 from codeq.commands import common
+from codeq.commands.common import key_option, model_option
 
 if TYPE_CHECKING:
     from codeq.config import CodeQConfig
 
-SOURCE_OPTION = typer.Option(
-    "builtin",
+PRESET = "laptop"  # the default preset of `codeq round(s)` (codeq/data/presets/laptop.yaml)
+
+SOURCE_OPTION = key_option(
+    "tasks.source",
     "--source",
-    help="Task source: 'builtin' (tasks shipped with codeq) or a DebugBench folder.",
+    help="Task source: 'builtin' (tasks shipped with codeq), a DebugBench folder, or a "
+    "Hugging Face dataset id.",
+    metavar="SOURCE",
+    preset=PRESET,
 )
 OUT_OPTION = typer.Option(
-    Path("codeq-runs/local"), "--out", help="Folder for the store, scratch files and report."
+    Path("codeq-runs/local"),
+    "--out",
+    "-o",
+    help="Output folder: the artifact store (OUT/store), scratch files and the report.",
+    metavar="DIR",
+    file_okay=False,
 )
-MODEL_OPTION = typer.Option(
-    None, "--model", help="Policy model (default from the preset: 'smollm2')."
-)
-RUN_OPTION = typer.Option("local", "--run", help="Run name in the store.")
-MAX_ITEMS_OPTION = typer.Option(
-    None, "--max-items", min=1, help="Read at most N source items (quick DebugBench rounds)."
+MODEL_OPTION = model_option(PRESET)
+RUN_OPTION = typer.Option("local", "--run", help="Run name in the store.", metavar="NAME")
+MAX_ITEMS_OPTION = key_option(
+    "tasks.max_items",
+    "--max-items",
+    help="Read at most N source items (quick DebugBench rounds).",
+    metavar="N",
+    min=1,
+    preset=PRESET,
 )
 
 
 def local_config(
-    source: str, out: Path, run: str, model: str | None, max_items: int | None, round_number: int
+    source: str | None,
+    out: Path,
+    run: str,
+    model: str | None,
+    max_items: int | None,
+    round_number: int,
 ) -> CodeQConfig:
-    """The local round's config: the preset (or --config), with the store in OUT/store."""
-    from codeq.config import load_config
-    from codeq.pipeline.local_round import LOCAL_ROUND_PRESET
+    """The local round's config: the `laptop` preset (or --preset), a --config file over it,
+    CODEQ_* variables and the flags, with the store in OUT/store."""
+    return common.config_with(
+        {
+            "store": {"uri": f"file://{out / 'store'}", "run": run, "round": round_number},
+            "tasks": {"source": source, "max_items": max_items},
+            "policy": {"model": model},
+        },
+        preset=PRESET,
+    )
 
-    overrides: dict[str, dict[str, object]] = {
-        "store": {"uri": f"file://{out / 'store'}", "run": run, "round": round_number},
-        "tasks": {"source": source, **({"max_items": max_items} if max_items else {})},
-    }
-    if model is not None:
-        overrides["policy"] = {"model": model}
-    return load_config(common.STATE.config_file or LOCAL_ROUND_PRESET, overrides)
+
+def check_inputs(config: CodeQConfig) -> None:
+    """A missing local model fails now, in one line, not after the round's first stages."""
+    from codeq.policy.source import check_model_source
+
+    check_model_source(config.policy.model)
+
+
+def announce_settings(config: CodeQConfig) -> None:
+    preset = common.chosen_preset(PRESET)
+    settings = f"preset {preset}" + (
+        f" + file {common.STATE.config_file}" if common.STATE.config_file else ""
+    )
+    typer.echo(
+        f"run {config.store.run}: {settings}, model {config.policy.model}, tasks "
+        f"{config.tasks.source}, store {config.store.uri} (all settings: `codeq config "
+        f"--preset {preset} --explain`)",
+        err=True,
+    )
 
 
 def command(
-    source: str = SOURCE_OPTION,
+    source: str | None = SOURCE_OPTION,
     out: Path = OUT_OPTION,
     round_number: int | None = typer.Option(
-        None, "--round", min=0, help="Round number (default: the run's next unfinished round)."
+        None,
+        "--round",
+        help="Round number.",
+        metavar="N",
+        min=0,
+        show_default="the run's next unfinished round",
     ),
     model: str | None = MODEL_OPTION,
     run: str = RUN_OPTION,
     max_items: int | None = MAX_ITEMS_OPTION,
 ) -> None:
-    """Run one whole round locally (settings preset codeq/data/local-round.yaml unless --config),
-    starting from the policy promoted by the run's earlier rounds."""
+    """Run one whole round locally, starting from the policy promoted by the run's earlier
+    rounds. Settings: the `laptop` preset unless --preset says otherwise; a --config file
+    changes single keys of the preset."""
     from codeq.pipeline.local_round import run_round
     from codeq.pipeline.round_state import next_round
     from codeq.store import open_store
 
     out = out.expanduser().resolve()
     config = local_config(source, out, run, model, max_items, round_number or 0)
+    check_inputs(config)
     if round_number is None:
         number = next_round(open_store(config.store), run)
         config = config.model_copy(
             update={"store": config.store.model_copy(update={"round": number})}
         )
-    summary = run_round(config, out, source=source)
+    announce_settings(config)
+    summary = run_round(config, out, source=config.tasks.source)
     echo_round(summary)
 
 

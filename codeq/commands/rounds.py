@@ -10,6 +10,8 @@ from codeq.commands.round import (
     OUT_OPTION,
     RUN_OPTION,
     SOURCE_OPTION,
+    announce_settings,
+    check_inputs,
     echo_round,
     local_config,
 )
@@ -17,9 +19,13 @@ from codeq.commands.round import (
 
 def command(
     rounds: int = typer.Option(
-        ..., "--rounds", min=1, help="Run until the run has this many finished rounds."
+        ...,
+        "--rounds",
+        min=1,
+        help="Run until the run has this many finished rounds.",
+        metavar="N",
     ),
-    source: str = SOURCE_OPTION,
+    source: str | None = SOURCE_OPTION,
     out: Path = OUT_OPTION,
     model: str | None = MODEL_OPTION,
     run: str = RUN_OPTION,
@@ -32,7 +38,9 @@ def command(
 
     out = out.expanduser().resolve()
     config = local_config(source, out, run, model, max_items, 0)
-    summaries = run_rounds(config, out, rounds, source=source)
+    check_inputs(config)
+    announce_settings(config)
+    summaries = run_rounds(config, out, rounds, source=config.tasks.source)
     if not summaries:
         typer.echo(
             f"run {run} already has {rounds} finished round(s), or patience ran out", err=True

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
+from codeq.config_layers import PRESETS_DIR
 from codeq.pipeline.round_state import finished_rounds, next_round, require_previous_finished
 from codeq.pipeline.stages import STAGE_FUNCTIONS, STAGES, StageContext
 from codeq.store import RoundLayout, join_key, log, open_store
 
-LOCAL_ROUND_PRESET = Path(__file__).resolve().parent.parent / "data" / "local-round.yaml"
+LOCAL_ROUND_PRESET = PRESETS_DIR / "laptop.yaml"
 
 
 def run_round(

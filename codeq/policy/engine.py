@@ -27,10 +27,10 @@ from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import groups_by_length
-from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
 from codeq.policy.prefix_cache import LayerKV, PrefixCache, common_prefix_length
 from codeq.policy.prompt_batch import PromptBatch
 from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
+from codeq.policy.source import announce_load, load_error, resolve_model_source
 from codeq.policy.stopping import StopCondition, StopKind, eos_ids
 from codeq.policy.stream import GenerationStream
 from codeq.schemas import ChatMessage
@@ -86,23 +86,6 @@ def resolve_quantization(config: PolicyConfig, device: str) -> str:
     return config.quantization
 
 
-def resolve_model_path(model: str, cache_dir: str) -> str:
-    """Local folder, materialized GGUF folder, or the HF id unchanged."""
-    if model == SMOLLM2_ALIAS:
-        return str(materialize_gguf(smollm2_gguf_path(), cache_dir))
-    path = Path(model).expanduser()
-    if model.endswith(".gguf"):
-        return str(materialize_gguf(path, cache_dir))
-    if path.is_dir():
-        return str(path)
-    if path.exists() or model.startswith((".", "/", "~")):
-        raise ModelLoadError(
-            f"model path {model} is not a model folder or .gguf file",
-            hint="pass a folder with config.json and weights, a .gguf file, or a Hugging Face id",
-        )
-    return model
-
-
 # ---------------------------------------------------------------- the engine
 
 
@@ -145,7 +128,7 @@ class PolicyEngine:
         device = resolve_device(config)
         quantization = resolve_quantization(config, device)
         dtype = resolve_dtype(config, device)
-        path = resolve_model_path(config.model, config.cache_dir)
+        path = resolve_model_source(config.model, config.cache_dir)
         if seed is not None:
             torch.manual_seed(seed)
         if device == "cpu" and config.cpu_threads:
@@ -155,15 +138,12 @@ class PolicyEngine:
             kwargs["quantization_config"] = nf4_config(dtype)
             kwargs["device_map"] = {"": 0}
         cache = str(Path(config.cache_dir).expanduser())
+        announce_load(config.model, path, "policy")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=cache)
             model = AutoModelForCausalLM.from_pretrained(path, cache_dir=cache, **kwargs)
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(
-                f"cannot load model {config.model}: {str(exc).splitlines()[0]}",
-                hint="check policy.model: a local folder, a .gguf file, 'smollm2', or a "
-                "Hugging Face id reachable from here",
-            ) from exc
+            raise load_error(config.model, path, exc) from exc
         if quantization != "nf4":
             model = model.to(device)  # type: ignore[arg-type]
         if config.adapter:

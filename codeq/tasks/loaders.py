@@ -197,16 +197,23 @@ def _hf_rows(source: str) -> Iterable[dict[str, Any]]:
         else:
             loaded = datasets.load_dataset(source)
     except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
+        # a mistyped local folder ("data/debugbench") also ends up here, read as a hub id
+        read_as_id = (
+            f"there is no local folder {source!r}, so it was read as a Hugging Face dataset id; "
+            if not path.exists()
+            else ""
+        )
         if _is_network_failure(exc):
             raise TransientError(
                 f"cannot reach the Hugging Face hub for {source!r}: {type(exc).__name__}",
-                hint="retry later, or pass a local DebugBench clone",
+                hint=f"{read_as_id}retry later, or pass a local DebugBench clone",
             ) from exc
         raise DatasetError(
             f"cannot load Hugging Face dataset {source!r}: {type(exc).__name__}: {exc}".splitlines()[
                 0
             ],
-            hint="check the dataset id and network access, or pass a local DebugBench clone",
+            hint=f"{read_as_id}check the dataset id and network access, or pass a local "
+            "DebugBench clone",
         ) from exc
     splits = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
     for split in splits:

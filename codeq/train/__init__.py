@@ -2,6 +2,5 @@
 
 from codeq.train.dpo import train_dpo
 from codeq.train.merge import merge_adapter
-from codeq.train.model import resolve_model_source
 
-__all__ = ["merge_adapter", "resolve_model_source", "train_dpo"]
+__all__ = ["merge_adapter", "train_dpo"]

@@ -26,14 +26,10 @@ from typing import Any
 
 from codeq.config import CodeQConfig, TrainConfig
 from codeq.errors import BadInputError, ConfigError, TrainingDivergedError
+from codeq.policy.source import resolve_model_source
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Pair, read_jsonl, write_json
-from codeq.train.model import (
-    load_tokenizer,
-    load_training_model,
-    resolve_model_source,
-    training_quantization,
-)
+from codeq.train.model import load_tokenizer, load_training_model, training_quantization
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +385,7 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
     from datasets import Dataset
 
     train_config = config.train
-    source = resolve_model_source(config.policy)
+    source = resolve_model_source(config.policy.model, config.policy.cache_dir)
     tokenizer = load_tokenizer(source)
     train_examples, held_out, over_max_length = split_pairs(pairs, tokenizer, train_config)
     use_bf16 = _use_bf16(train_config)

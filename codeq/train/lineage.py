@@ -21,10 +21,11 @@ from pathlib import Path
 from codeq.config import PolicyConfig
 from codeq.errors import MissingInputError, ModelLoadError
 from codeq.policy.gguf import SMOLLM2_ALIAS, smollm2_gguf_path
+from codeq.policy.source import resolve_model_source
 from codeq.schemas import AdapterLink, Lineage
 from codeq.store import sha256_of_file
 from codeq.train.merge import merge_adapters
-from codeq.train.model import check_adapter_dir, resolve_model_source
+from codeq.train.model import check_adapter_dir
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def model_fingerprint(policy: PolicyConfig) -> str:
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
         return _cached_sha256(path, cache_dir)
-    folder = Path(resolve_model_source(policy))
+    folder = Path(resolve_model_source(policy.model, policy.cache_dir))
     if not folder.is_dir():
         folder = _hub_snapshot(model, cache_dir)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
@@ -113,7 +114,7 @@ def materialize(lineage: Lineage, adapter_dirs: Sequence[Path], policy: PolicyCo
     (`adapter_dirs`, in chain order, each checked against its recorded sha256) into the base."""
     if len(adapter_dirs) != len(lineage.adapters):
         raise ValueError("materialize needs one adapter folder per adapter of the lineage")
-    base = resolve_model_source(policy.model_copy(update={"model": lineage.base_model}))
+    base = resolve_model_source(lineage.base_model, policy.cache_dir)
     if not lineage.adapters:
         return base
     from codeq.policy.engine import resolve_device, resolve_dtype

@@ -7,27 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import PolicyConfig
-from codeq.errors import MissingInputError, ModelLoadError
-from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
-
-
-def resolve_model_source(policy: PolicyConfig) -> str:
-    """A folder or Hugging Face id that `from_pretrained` can load; GGUF files are dequantized
-    once into the cache (the same folder inference uses)."""
-    model = policy.model
-    if model == SMOLLM2_ALIAS:
-        return str(materialize_gguf(smollm2_gguf_path(), policy.cache_dir))
-    if model.endswith(".gguf"):
-        return str(materialize_gguf(model, policy.cache_dir))
-    path = Path(model).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"{path} is not a model folder (no config.json)",
-                hint="point policy.model at a saved model folder, a .gguf file or a HF id",
-            )
-        return str(path)
-    return model
+from codeq.errors import MissingInputError
+from codeq.policy.source import announce_load, load_error
 
 
 def check_adapter_dir(adapter_dir: str | Path) -> Path:
@@ -46,10 +27,8 @@ def load_tokenizer(source: str) -> Any:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-    except OSError as exc:
-        raise ModelLoadError(
-            f"cannot load the tokenizer of {source}: {exc}".splitlines()[0]
-        ) from exc
+    except (OSError, ValueError) as exc:
+        raise load_error(source, source, exc) from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -58,10 +37,11 @@ def load_tokenizer(source: str) -> Any:
 def load_causal_lm(source: str, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
+    announce_load(source, source)
     try:
         return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot load the model {source}: {exc}".splitlines()[0]) from exc
+    except (OSError, ValueError) as exc:
+        raise load_error(source, source, exc) from exc
 
 
 def training_quantization(policy: PolicyConfig) -> str:
@@ -82,10 +62,11 @@ def load_training_model(source: str, dtype: Any, quantization: str) -> Any:
 
     from codeq.policy.engine import nf4_config
 
+    announce_load(source, source)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, quantization_config=nf4_config(dtype), device_map={"": 0}
         )
-    except OSError as exc:
-        raise ModelLoadError(f"cannot load the model {source}: {exc}".splitlines()[0]) from exc
+    except (OSError, ValueError) as exc:
+        raise load_error(source, source, exc) from exc
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

@@ -1,7 +1,8 @@
-"""Write images/seccomp/codeq-sandbox.json from the container runtime's default seccomp profile.
+"""Write helm/codeq/files/seccomp/codeq-sandbox.json (the sandbox stages' seccomp profile, one
+file for the chart and the tests) from the container runtime's default seccomp profile.
 
     python3 images/seccomp/make_profile.py <moby>/profiles/seccomp/default.json \
-        > images/seccomp/codeq-sandbox.json
+        > helm/codeq/files/seccomp/codeq-sandbox.json
 
 The input is Docker's (moby's) default profile, the one containerd's RuntimeDefault mirrors. Its
 rules are conditional on capabilities and architectures ("includes"/"excludes"), which only

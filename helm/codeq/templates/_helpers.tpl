@@ -89,6 +89,37 @@ seccompProfile:
 {{- end -}}
 
 {{/*
+The sandbox seccomp profile as the chart installs it (files/seccomp/codeq-sandbox.json, one file
+for the chart and the tests). Its path under the kubelet's seccomp root depends on who installs
+it: the chart's DaemonSet, the Security Profiles Operator, or you (sandbox.seccompInstall).
+*/}}
+{{- define "codeq.seccompFile" -}}files/seccomp/codeq-sandbox.json{{- end -}}
+{{- define "codeq.seccompName" -}}{{ include "codeq.fullname" . }}-sandbox{{- end -}}
+{{- define "codeq.seccompDaemonSetDir" -}}codeq/{{ .Release.Namespace }}{{- end -}}
+{{- define "codeq.seccompLocalhostPath" -}}
+{{- $method := .Values.sandbox.seccompInstall.method -}}
+{{- if eq $method "daemonset" -}}
+{{ include "codeq.seccompDaemonSetDir" . }}/{{ include "codeq.seccompName" . }}.json
+{{- else if eq $method "operator" -}}
+operator/{{ .Release.Namespace }}/{{ include "codeq.seccompName" . }}.json
+{{- end -}}
+{{- end -}}
+
+{{/* seccompProfile of the sandbox stages' containers (sandbox.seccompProfile, with an empty
+localhostProfile filled in from sandbox.seccompInstall). */}}
+{{- define "codeq.sandboxSeccompProfile" -}}
+{{- $profile := .Values.sandbox.seccompProfile -}}
+type: {{ $profile.type }}
+{{- if eq $profile.type "Localhost" }}
+{{- $path := $profile.localhostProfile | default (include "codeq.seccompLocalhostPath" .) }}
+{{- if not $path }}
+{{- fail "sandbox.seccompProfile is Localhost with no localhostProfile and sandbox.seccompInstall.method=none: name the profile installed on your nodes, or let the chart install its own (method daemonset or operator)" }}
+{{- end }}
+localhostProfile: {{ $path }}
+{{- end }}
+{{- end -}}
+
+{{/*
 Container security context. Sandbox containers get the seccomp and AppArmor profiles of
 `sandbox` (runsc needs unshare/mount); the others RuntimeDefault seccomp and, only when asked
 for, an AppArmor profile (nodes without AppArmor reject pods that name one).
@@ -105,7 +136,7 @@ capabilities:
   drop: ["ALL"]
 {{- if .sandbox }}
 seccompProfile:
-  {{- toYaml .root.Values.sandbox.seccompProfile | nindent 2 }}
+  {{- include "codeq.sandboxSeccompProfile" .root | nindent 2 }}
 appArmorProfile:
   {{- toYaml .root.Values.sandbox.appArmorProfile | nindent 2 }}
 {{- else }}
@@ -442,7 +473,7 @@ checkov skips, as `checkov.io/skipN: CHECK=reason` annotations (checkov reads th
 and the reason is the text after it); each one is emitted only where its reason holds.
 Arguments: dict "root" $ "image" infer|train, and the booleans "sandbox" (runs runsc),
 "tracking" (tracking credentials from env), "oneShot" (an Argo step pod, no Job around it),
-"token" (talks to the Kubernetes API).
+"token" (talks to the Kubernetes API), "installer" (the seccomp profile DaemonSet).
 */}}
 {{- define "codeq.checkovSkips" -}}
 {{- $root := .root -}}
@@ -450,7 +481,7 @@ Arguments: dict "root" $ "image" infer|train, and the booleans "sandbox" (runs r
 checkov.io/skip1: "CKV_K8S_43=images.{{ .image }}.digest is empty, so this install pulls by tag; set the digests that .github/workflows/images.yml prints to pin the image."
 {{- end }}
 {{- if .sandbox }}
-checkov.io/skip2: "CKV_K8S_31=Sandbox stages run rootless gVisor (runsc), which needs unshare(CLONE_NEWUSER), mount and pivot_root that RuntimeDefault seccomp denies without CAP_SYS_ADMIN; the profile is sandbox.seccompProfile (Localhost supported), no capability is added."
+checkov.io/skip2: "CKV_K8S_31=Sandbox stages run rootless gVisor (runsc), which needs clone with namespace flags, mount, umount2, pivot_root and chroot that RuntimeDefault seccomp denies without CAP_SYS_ADMIN; the profile is sandbox.seccompProfile ({{ $root.Values.sandbox.seccompProfile.type }}{{ if eq $root.Values.sandbox.seccompProfile.type "Localhost" }}: the runtime default plus those five calls, files/seccomp/codeq-sandbox.json{{ end }}), no capability is added."
 {{- end }}
 {{- if ne $root.Values.images.pullPolicy "Always" }}
 checkov.io/skip3: "CKV_K8S_15=images.pullPolicy is set to {{ $root.Values.images.pullPolicy }} on purpose (kind loads locally built images into its nodes; Always would try a registry that does not hold them)."
@@ -461,6 +492,9 @@ checkov.io/skip4: "CKV_K8S_35=The W&B and MLflow clients read their credentials 
 {{- if .oneShot }}
 checkov.io/skip5: "CKV_K8S_8=A run-to-completion Argo step (it prints a number or releases Jobs, then exits); there is no long-running service whose liveness a probe could check."
 checkov.io/skip6: "CKV_K8S_9=A run-to-completion Argo step with no server and no traffic to route, so a readiness probe has nothing to report."
+{{- end }}
+{{- if .installer }}
+checkov.io/skip8: "CKV_K8S_8=The seccomp installer's container only keeps its pod on the node after the init container wrote the profile; restarting it could not repair anything, so its readiness probe reports whether the node's file is the chart's instead."
 {{- end }}
 {{- if .token }}
 checkov.io/skip7: "CKV_K8S_38=The exit handler lists, suspends and labels this round's Jobs through the Kubernetes API, so it needs the workflow ServiceAccount's token (Role: jobs in this namespace only)."

@@ -1,0 +1,94 @@
+"""Where a model comes from: the one rule inference, DPO training and merging share for
+`policy.model` (a Hugging Face id, a local model folder, a .gguf file, or 'smollm2')."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from codeq.errors import ModelLoadError
+from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
+
+log = logging.getLogger(__name__)
+
+MODEL_HINT = (
+    "policy.model (--model) takes a model folder (config.json + weights), a .gguf file, "
+    "'smollm2', or a Hugging Face id such as Qwen/Qwen2.5-Coder-7B-Instruct"
+)
+# huggingface_hub's repo id rule: [namespace/]name, word characters, '-' and '.'.
+_HF_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]{1,96}")
+
+
+def looks_like_hf_id(model: str) -> bool:
+    return (
+        bool(_HF_ID.fullmatch(model))
+        and not model.startswith((".", "-"))
+        and ".." not in model
+        and "--" not in model
+    )
+
+
+def check_model_source(model: str) -> None:
+    """Raise ModelLoadError now if `model` names a local model that is not there (a missing
+    folder or .gguf file, a folder without config.json, the SmolLM2 package missing), without
+    loading anything; Hugging Face ids pass (they are checked when they are downloaded)."""
+    if model == SMOLLM2_ALIAS:
+        smollm2_gguf_path()
+        return
+    path = Path(model).expanduser()
+    if model.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"model file {model} does not exist", hint=MODEL_HINT)
+        return
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{model} is not a model folder (no config.json)", hint=MODEL_HINT)
+        return
+    if path.exists():
+        raise ModelLoadError(
+            f"{model} is a file, not a model folder or .gguf file", hint=MODEL_HINT
+        )
+    if not looks_like_hf_id(model):
+        raise ModelLoadError(f"model path {model} does not exist", hint=MODEL_HINT)
+
+
+def resolve_model_source(model: str, cache_dir: str) -> str:
+    """A folder or Hugging Face id that `from_pretrained` can load. GGUF files are dequantized
+    once into `cache_dir` (the same folder for every stage). A local path that does not exist
+    is a ModelLoadError here, rather than a puzzling 'repo id' error from the hub client."""
+    check_model_source(model)
+    if model == SMOLLM2_ALIAS:
+        return str(materialize_gguf(smollm2_gguf_path(), cache_dir))
+    if model.endswith(".gguf"):
+        return str(materialize_gguf(Path(model).expanduser(), cache_dir))
+    path = Path(model).expanduser()
+    return str(path) if path.is_dir() else model
+
+
+def announce_load(model: str, source: str, what: str = "model") -> None:
+    """Say what a (possibly long) model load waits for, before it starts."""
+    if Path(source).is_dir():
+        if model == source:
+            log.info("loading %s from %s", what, source)
+        else:
+            log.info("loading %s %s from %s", what, model, source)
+    else:
+        log.info(
+            "loading %s %s from the Hugging Face hub (downloaded once, then cached); "
+            "without network access set HF_HUB_OFFLINE=1 to use the cache only",
+            what,
+            model,
+        )
+
+
+def load_error(model: str, source: str, exc: BaseException) -> ModelLoadError:
+    """One line for a failed from_pretrained, with what to check."""
+    hint = MODEL_HINT
+    if not Path(source).exists():
+        hint = (
+            f"there is no local folder {model!r}, so it was read as a Hugging Face id: check "
+            "the spelling and network access, or pass a local folder / .gguf file"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ModelLoadError(f"cannot load model {model}: {first}", hint=hint)

@@ -1,0 +1,260 @@
+"""The container twin of the cluster (tests/twin.py): a whole round through the rendered chart's
+Job specs in Docker, specs broken on purpose, and a collect pod preempted for real. Needs a
+Docker engine: skipped with the reason where there is none, failed instead when
+CODEQ_REQUIRE_DOCKER=1 (as in .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests import containers, twin
+
+pytestmark = pytest.mark.slow
+
+STAGE_OUTPUTS = [
+    "tasks",
+    "trajectories/shard-0",
+    "trajectories/shard-1",
+    "pairs",
+    "adapter",
+    "eval",
+    "promote",
+    "report",
+]
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    problem = containers.engine_problem()
+    if problem:
+        if os.environ.get("CODEQ_REQUIRE_DOCKER") == "1":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return containers.build_images("cpu")
+
+
+def test_a_round_runs_through_the_charts_job_specs_and_leaves_its_report_in_s3(images, tmp_path):
+    started = time.monotonic()
+    with twin.running_twin(work=tmp_path / "twin") as cluster:
+        outcome = cluster.run_round()
+        uri, local = cluster.report(outcome["run"], outcome["round"], tmp_path / "report")
+        base = f"runs/{outcome['run']}/round-{outcome['round']}"
+        keys = set(cluster.keys(base))
+        prefix = cluster.keys()[0].split("/runs/")[0]
+        shard = json.loads(cluster.get(f"{prefix}/{base}/trajectories/shard-1/_COMPLETE"))
+        seccomp = sorted(
+            p.relative_to(cluster.seccomp_root) for p in cluster.seccomp_root.rglob("*")
+        )
+        collect_logs = [
+            pod.log_path.read_text()
+            for name, job in cluster.jobs.items()
+            if name.endswith("collect")
+            for pod in job.pods
+        ]
+        jobs = list(cluster.jobs)
+        timings = list(cluster.timings)
+    print(f"twin round in {time.monotonic() - started:.0f} s: {timings}")
+    assert (outcome["run"], outcome["round"]) == ("twin", "0")
+    assert [name.rsplit("-", 1)[1] for name in jobs] == [
+        "prepare",
+        "collect",
+        "pairs",
+        "train",
+        "evaluate",
+        "promote",
+        "report",
+    ]
+    for output in STAGE_OUTPUTS:
+        assert f"{prefix}/{base}/{output}/_COMPLETE" in keys, output
+        assert f"{prefix}/{base}/{output}/MANIFEST.json" in keys, output
+    assert shard["shard_count"] == 2
+    assert uri == f"s3://codeq-twin/{prefix}/{base}/report/index.html"
+    assert "<html" in local.read_text().lower()
+    # The sandbox ran nested gVisor under the profile the chart's DaemonSet put on the node.
+    assert [str(p) for p in seccomp] == ["codeq", "codeq/codeq", "codeq/codeq/codeq-sandbox.json"]
+    assert len(collect_logs) == 2
+    assert all("gvisor workers" in text for text in collect_logs)
+
+
+# ------------------------------------------------------------------------- broken on purpose
+
+
+def rename_env(old: str, new: str):
+    def edit(job: dict[str, Any]) -> None:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        (variable,) = [e for e in container["env"] if e["name"] == old]
+        variable["name"] = new
+
+    return edit
+
+
+def drop_volume(name: str):
+    def edit(job: dict[str, Any]) -> None:
+        pod = job["spec"]["template"]["spec"]
+        pod["volumes"] = [v for v in pod["volumes"] if v["name"] != name]
+
+    return edit
+
+
+def move_mount(name: str, path: str):
+    def edit(job: dict[str, Any]) -> None:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == name]
+        mount["mountPath"] = path
+
+    return edit
+
+
+BROKEN = {
+    # A misspelt variable: the stage's config refuses it (exit 2, not retried).
+    "wrong env var name": (
+        "prepare-start",
+        rename_env("CODEQ_STORE__URI", "CODEQ_STORE__URL"),
+        [
+            "-prepare failed",
+            "PodFailurePolicy",
+            "exit 2",
+            "unknown environment variable CODEQ_STORE__URL",
+            "did you mean CODEQ_STORE__URI?",
+        ],
+    ),
+    # A mount without its volume: the API server would reject the Job; nothing runs.
+    "missing volume": (
+        "collect-start",
+        drop_volume("tmp"),
+        ["-collect", "mounts volume 'tmp' at /tmp, but the pod has no such volume"],
+    ),
+    # The config mounted elsewhere than CODEQ_CONFIG_FILE says.
+    "config mounted elsewhere": (
+        "prepare-start",
+        move_mount("config", "/etc/codeq-config"),
+        ["-prepare failed", "config file not found: /etc/codeq/config.yaml"],
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_a_spec_broken_on_purpose_fails_the_twin_naming_the_job_and_the_problem(
+    images, tmp_path, broken
+):
+    template, edit, expected = BROKEN[broken]
+    objects = twin.with_manifest(twin.render(twin.twin_values()), template, edit)
+    with (
+        twin.running_twin(objects=objects, work=tmp_path / "twin") as cluster,
+        pytest.raises(twin.TwinError) as failure,
+    ):
+        cluster.run_round()
+    message = str(failure.value)
+    print(message)
+    for part in expected:
+        assert part in message, (part, message)
+    assert message.startswith(("Job codeq-round-", "step "))
+
+
+# ------------------------------------------------------------------------------ preemption
+
+
+def shard_objects(cluster: twin.Twin, prefix: str) -> dict[str, bytes]:
+    root = cluster.keys()[0].split("/runs/")[0]
+    return {key: cluster.get(key) for key in cluster.keys(prefix) if key.startswith(root)}
+
+
+def task_ids(objects: dict[str, bytes]) -> set[str]:
+    """Every per-task object must parse as a whole trajectory (no partial object)."""
+    from codeq.schemas import Trajectory
+
+    found = set()
+    for key, body in objects.items():
+        if "/tasks/" in key:
+            trajectory = Trajectory.model_validate_json(body)
+            assert key.endswith(f"/tasks/{trajectory.task_id}.json"), key
+            found.add(trajectory.task_id)
+    return found
+
+
+def interrupt_after(
+    cluster: twin.Twin, prefix: str, done: int, signal: str, names: list[str]
+) -> threading.Thread:
+    """Once `done` tasks of the shard are in S3, stop its pod: `docker stop` (SIGTERM, SIGKILL
+    after the pod's grace period) as the kubelet does on preemption, or SIGKILL at once, which
+    is where a stage that overran its grace period ends up."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if names and len([k for k in cluster.keys(prefix) if "/tasks/" in k]) >= done:
+                if signal == "TERM":
+                    cluster.stop(names[0], 120)
+                else:
+                    containers.docker("kill", "-s", "KILL", names[0], check=False)
+                return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_collect_pod_stopped_mid_way_loses_and_duplicates_no_task(images, tmp_path):
+    from codeq.schemas import Task
+    from codeq.search.collect import shard_of
+
+    values = twin.twin_values(
+        {"config": {"tasks": {"max_items": 12}, "search": {"parallel_trees": 1}}}
+    )
+    with twin.running_twin(values, tmp_path / "twin") as cluster:
+        outcome = cluster.run_round(stop_after="prepare")
+        job = cluster.job_manifest("collect", outcome["scope"])
+        name, pod = job["metadata"]["name"], job["spec"]["template"]["spec"]
+        count = int(job["spec"]["completions"])
+        base = f"runs/{outcome['run']}/round-{outcome['round']}"
+        root = cluster.keys()[0].split("/runs/")[0]
+        train = [
+            Task.model_validate_json(line)
+            for line in cluster.get(f"{root}/{base}/tasks/train.jsonl").decode().splitlines()
+            if line.strip()
+        ]
+        wanted = {task.task_id for task in shard_of(train, 0, count)}
+        assert len(wanted) >= 3, "the shard needs tasks before, at and after the stops"
+        prefix = f"{base}/trajectories/shard-0/"
+        runs = []
+        for attempt, (signal, done) in enumerate([("TERM", 1), ("KILL", 2), (None, None)]):
+            names: list[str] = []
+            watcher = interrupt_after(cluster, prefix, done, signal, names) if signal else None
+            result = cluster.run_pod(
+                f"Job {name}", pod, f"{name}-0-{attempt}", index=0, on_start=names.append
+            )
+            if watcher:
+                watcher.join(timeout=60)
+            objects = shard_objects(cluster, prefix)
+            runs.append((signal, result, objects, task_ids(objects)))
+    (_, stopped, after_stop, ids_stop), (_, killed, after_kill, ids_kill), final = runs
+    # SIGTERM reached the stage through tini: a clean stop (143), no marker, no shard file.
+    assert stopped.exit_code == 143, stopped.tail()
+    assert "terminated (SIGTERM)" in stopped.log_path.read_text()
+    # SIGKILL: the container dies at once (137).
+    assert killed.exit_code == 137, killed.tail()
+    for objects in (after_stop, after_kill):
+        assert not any(k.endswith(("_COMPLETE", "trajectories.jsonl")) for k in objects)
+    assert 1 <= len(ids_stop) < len(ids_kill) < len(wanted)
+    assert ids_stop <= ids_kill <= wanted
+    # The third pod resumes from the store and finishes the shard.
+    _, finished, after, ids = final
+    assert finished.exit_code == 0, finished.tail()
+    assert f"{len(ids_kill)} task(s) restored from the store" in finished.log_path.read_text()
+    assert ids == wanted
+    lines = after[f"{root}/{prefix}trajectories.jsonl"].decode().splitlines()
+    written = [json.loads(line)["task_id"] for line in lines if line.strip()]
+    assert sorted(written) == sorted(wanted), "each task exactly once"
+    marker = json.loads(after[f"{root}/{prefix}_COMPLETE"])
+    assert marker["trajectories"] == len(wanted)
+    print(
+        f"stopped after {len(ids_stop)}, killed after {len(ids_kill)} of {len(wanted)} tasks; "
+        f"pods: {stopped.seconds:.0f} s, {killed.seconds:.0f} s, {finished.seconds:.0f} s"
+    )
