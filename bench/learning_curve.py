@@ -81,6 +81,9 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "parallel_trees": 16,
             "bon_samples": 8,
             "seed": args.seed,
+            # The curve began before 'plain' became the default first turn: the same prompt in
+            # every part of it (docs/results.md).
+            "prompt": "detailed",
         },
         "pairs": {"max_pairs_per_task": 2},
         "train": {

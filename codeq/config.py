@@ -164,6 +164,13 @@ class SearchConfig(Section):
     max_depth: int = Field(3, ge=1, description="Deepest rewrite chain from the buggy program.")
     exploration: float = Field(1.0, ge=0.0, description="UCB1 exploration constant c.")
     bon_samples: int = Field(8, ge=1, description="N for best-of-N.")
+    prompt: Literal["plain", "detailed"] = Field(
+        "plain",
+        description="First-turn repair prompt: 'plain' (the statement, the buggy program, 'fix "
+        "the bug') or 'detailed' (a system prompt, the examples and constraints, code-only "
+        "answer). Qwen2.5-Coder-0.5B solved 10/40 validation tasks with 'plain', 3/40 with "
+        "'detailed' (docs/results.md); choose with bench/prompt_ab.py on validation tasks.",
+    )
     parallel_trees: int = Field(
         8, ge=1, description="Task trees advanced together so generation gets full batches."
     )

@@ -47,6 +47,7 @@ SEARCH_KEYS = [
     "search.max_depth",
     "search.exploration",
     "search.bon_samples",
+    "search.prompt",
     "search.reward_tests",
     "search.stop_on_pass",
     "search.seed",

@@ -42,8 +42,17 @@ def problem_text(task: Task) -> str:
     return "\n\n".join(parts)
 
 
+def first_turn_messages(task: Task, style: str = "plain") -> list[ChatMessage]:
+    """The first turn of a repair (`search.prompt`): 'plain' or 'detailed'."""
+    if style == "plain":
+        return plain_messages(task)
+    if style == "detailed":
+        return agent_messages(task)
+    raise ValueError(f"unknown prompt style {style!r}: use 'plain' or 'detailed'")
+
+
 def agent_messages(task: Task) -> list[ChatMessage]:
-    """First-turn prompt of the agent: problem, examples, the buggy program."""
+    """The detailed first turn: a system prompt, the problem, examples, the buggy program."""
     user = f"{problem_text(task)}\n\nBuggy program:\n{fenced(task.buggy_code)}\n\n{FIX_INSTRUCTION}"
     return [
         ChatMessage(role="system", content=SYSTEM_PROMPT),
@@ -52,7 +61,7 @@ def agent_messages(task: Task) -> list[ChatMessage]:
 
 
 def plain_messages(task: Task) -> list[ChatMessage]:
-    """Minimal prompt (zero-shot baseline): the problem statement and the buggy code only."""
+    """The plain first turn, also the zero-shot baseline's: the statement and the buggy code."""
     user = (
         f"{task.description.strip()}\n\n{fenced(task.buggy_code)}\n\n"
         "Fix the bug and give the corrected code."
@@ -134,13 +143,13 @@ def asks_past_passing_examples(messages: Sequence[ChatMessage]) -> bool:
 
 
 def refine_messages(
-    task: Task, parent_answer: str, failures: Sequence[FailedTest]
+    task: Task, parent_answer: str, failures: Sequence[FailedTest], style: str = "plain"
 ) -> list[ChatMessage]:
-    """Multi-turn prompt for a deeper node: the first turn, the parent's answer (the model's own
-    words with its rewrite, as muCode's multi-turn prompts keep them), then feedback from the
-    parent's failing visible tests."""
+    """Multi-turn prompt for a deeper node: the first turn (in `style`), the parent's answer
+    (the model's own words with its rewrite, as muCode's multi-turn prompts keep them), then
+    feedback from the parent's failing visible tests."""
     return [
-        *agent_messages(task),
+        *first_turn_messages(task, style),
         ChatMessage(role="assistant", content=parent_answer),
         ChatMessage(role="user", content=feedback_text(failures)),
     ]

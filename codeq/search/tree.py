@@ -11,8 +11,8 @@ from typing import Literal
 
 from codeq.config import CodeQConfig
 from codeq.policy.prompts import (
-    agent_messages,
     fenced,
+    first_turn_messages,
     plain_messages,
     refine_messages,
     visible_failures,
@@ -47,6 +47,7 @@ class SearchSettings:
     seed: int = 0
     deterministic: bool = True
     model: str = ""
+    prompt: str = "plain"
 
     @classmethod
     def resolve(
@@ -85,6 +86,7 @@ class SearchSettings:
             "seed": search.seed,
             "deterministic": search.deterministic,
             "model": model,
+            "prompt": search.prompt,
         }
         if chosen == "mcts":
             return cls(
@@ -217,10 +219,11 @@ class Tree:
         if self.settings.mode == "plain":
             return plain_messages(self.task)
         if node.id == 0:
-            return agent_messages(self.task)
+            return first_turn_messages(self.task, self.settings.prompt)
         outcomes = node.verdict.tests if node.verdict is not None else []
         failures = visible_failures(self.task, outcomes)
-        return refine_messages(self.task, node.completion or fenced(node.program), failures)
+        answer = node.completion or fenced(node.program)
+        return refine_messages(self.task, answer, failures, self.settings.prompt)
 
     def expansion_request(self, node: Node) -> GenerationRequest:
         return GenerationRequest(
