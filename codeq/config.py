@@ -153,8 +153,16 @@ class PolicyConfig(Section):
     )
 
 
+SearchMode = Literal["mcts", "bon", "greedy", "plain"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
+
+
 class SearchConfig(Section):
-    mode: Literal["mcts", "bon"] = Field("mcts", description="Tree search or best-of-N sampling.")
+    mode: SearchMode = Field(
+        "mcts",
+        description="Tree search or best-of-N sampling; 'greedy' (one greedy rewrite, agent "
+        "prompt) and 'plain' (one greedy rewrite, minimal prompt) are evaluation's baselines.",
+    )
     rewrites_per_expansion: int = Field(
         3, ge=1, le=16, description="K rewrites sampled per expansion (CodeQ uses 2..4)."
     )
@@ -248,6 +256,19 @@ class TrainConfig(Section):
 
 EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon"]
 EVAL_MODES: list[EvalMode] = ["zero_shot", "full_rewrite", "mcts", "bon"]
+# The one map between the two names of a mode: each evaluation mode is the search mode it runs,
+# and a Trajectory records the evaluation's name (eval_mode_of).
+SEARCH_MODE_OF: dict[EvalMode, SearchMode] = {
+    "zero_shot": "plain",
+    "full_rewrite": "greedy",
+    "mcts": "mcts",
+    "bon": "bon",
+}
+
+
+def eval_mode_of(search_mode: SearchMode) -> EvalMode:
+    """The evaluation's name of a search mode (what Trajectory.mode records)."""
+    return next(name for name, mode in SEARCH_MODE_OF.items() if mode == search_mode)
 
 
 class EvaluateConfig(Section):

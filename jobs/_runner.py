@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError, ConfigError
+from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError
+from codeq.shards import shard_from_env
 
-SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
-SHARD_COUNT_ENV = "JOB_COMPLETION_COUNT"
 SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
 ROUND_ENV = "CODEQ_STORE__ROUND"
 NEXT_ROUND = "next"
@@ -40,25 +39,6 @@ def install_sigterm_handler() -> None:
     """Turn SIGTERM into StageTerminated. Needed even when python is PID 1 of its container:
     the kernel drops signals to a namespace's init that has no handler for them."""
     signal.signal(signal.SIGTERM, _raise_terminated)
-
-
-def shard_from_env() -> tuple[int, int]:
-    """(index, count) of an Indexed Job; (0, 1) outside one."""
-    raw_index = os.environ.get(SHARD_INDEX_ENV, "0")
-    raw_count = os.environ.get(SHARD_COUNT_ENV, "1")
-    try:
-        index, count = int(raw_index), int(raw_count)
-    except ValueError:
-        raise ConfigError(
-            f"{SHARD_INDEX_ENV}={raw_index!r} / {SHARD_COUNT_ENV}={raw_count!r} are not integers",
-            hint="run collect as an Indexed Job (completionMode: Indexed)",
-        ) from None
-    if count < 1 or not 0 <= index < count:
-        raise ConfigError(
-            f"{SHARD_INDEX_ENV}={index} is outside 0..{count - 1} ({SHARD_COUNT_ENV}={count})",
-            hint="JOB_COMPLETION_INDEX must be below JOB_COMPLETION_COUNT",
-        )
-    return index, count
 
 
 def stage_arguments(stage: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from codeq.config import CodeQConfig
+from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode
 from codeq.errors import BadInputError
 from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split
 from codeq.evaluate.stats import rate, summarize
@@ -31,7 +31,6 @@ from codeq.search.tree import final_answer
 
 log = logging.getLogger(__name__)
 
-SEARCH_MODE_OF = {"zero_shot": "plain", "full_rewrite": "greedy", "mcts": "mcts", "bon": "bon"}
 ANY_NODE_LABEL = (
     "CodeQ's optimistic any-node figure: a task counts as solved when ANY program in the MCTS "
     "tree passes its tests, i.e. an oracle picks the answer. Not comparable to solve_rate, "
@@ -106,11 +105,11 @@ def primary_mode(modes: Sequence[str]) -> str:
 
 def _load_engine(config: CodeQConfig, adapter: str | Path | None) -> Any:
     from codeq.policy import PolicyEngine
-    from codeq.train.model import check_adapter_dir
+    from codeq.policy.source import require_adapter_dir
 
     policy = config.policy
     if adapter is not None:
-        policy = policy.model_copy(update={"adapter": str(check_adapter_dir(adapter))})
+        policy = policy.model_copy(update={"adapter": str(require_adapter_dir(adapter))})
     return PolicyEngine.load(policy, seed=config.tasks.seed)
 
 
@@ -192,7 +191,7 @@ class _Evaluation:
         results.save(self.out_dir / "results.json")
         return results
 
-    def _search(self, mode: str, sandbox: Any) -> tuple[list[Trajectory], float]:
+    def _search(self, mode: EvalMode, sandbox: Any) -> tuple[list[Trajectory], float]:
         """Search every task in `mode`. Each finished tree is appended to a partial file at once,
         so an interrupted evaluation resumes with the tasks it has not searched yet."""
         from codeq.search import run_search

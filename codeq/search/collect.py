@@ -13,22 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import BadInputError
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_jsonl
 from codeq.search.mcts import Policy, Scorer, TrajectoryCallback, run_search
+from codeq.shards import shard_of
 
 log = logging.getLogger(__name__)
-
-
-def shard_of(tasks: list[Task], shard_index: int, shard_count: int) -> list[Task]:
-    """Tasks i with i % shard_count == shard_index (the file's order; every task in one shard)."""
-    if shard_count < 1 or not 0 <= shard_index < shard_count:
-        raise BadInputError(
-            f"shard index {shard_index} is outside 0..{shard_count - 1}",
-            hint="pass --shard-index below --shard-count",
-        )
-    return [task for i, task in enumerate(tasks) if i % shard_count == shard_index]
 
 
 def finished_task_ids(out_path: Path) -> set[str]:

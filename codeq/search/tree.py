@@ -7,9 +7,8 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-from codeq.config import CodeQConfig
+from codeq.config import SEARCH_MODES, CodeQConfig, SearchMode, eval_mode_of
 from codeq.policy.prompts import (
     agent_messages,
     fenced,
@@ -19,11 +18,6 @@ from codeq.policy.prompts import (
 )
 from codeq.policy.requests import GenerationRequest, GenerationResult
 from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdict
-
-SearchMode = Literal["mcts", "bon", "greedy", "plain"]
-SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
-# Trajectory.mode uses the evaluation's names for the single-rewrite modes.
-TRAJECTORY_MODE = {"mcts": "mcts", "bon": "bon", "greedy": "full_rewrite", "plain": "zero_shot"}
 
 
 @dataclass(frozen=True)
@@ -282,7 +276,7 @@ class Tree:
             level=self.task.level,
             category=self.task.category,
             subtype=self.task.subtype,
-            mode=TRAJECTORY_MODE[self.settings.mode],
+            mode=eval_mode_of(self.settings.mode),
             reward_tests=self.settings.reward_tests,
             nodes=self.nodes,
             solved=first is not None,

@@ -11,7 +11,8 @@ from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import ModelLoadError
-from codeq.train.model import check_adapter_dir, load_causal_lm, load_tokenizer
+from codeq.policy.source import require_adapter_dir
+from codeq.train.model import load_causal_lm, load_tokenizer
 
 
 def merge_adapters(
@@ -23,7 +24,7 @@ def merge_adapters(
     import torch
     from peft import PeftModel
 
-    folders = [check_adapter_dir(folder) for folder in adapter_dirs]
+    folders = [require_adapter_dir(folder) for folder in adapter_dirs]
     print(f"[merge] {', '.join(map(str, folders))} into {base}", file=sys.stderr, flush=True)
     model = load_causal_lm(base, torch.float32)
     for folder in folders:
