@@ -3,7 +3,6 @@ store, run its stage, and exit with the documented code (codeq/errors.py, docs/j
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -13,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError
+from codeq.errors import EXIT_OK
+from codeq.logs import log, report_error, setup_logging
 from codeq.shards import shard_from_env
 
 SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
@@ -48,23 +48,11 @@ def stage_arguments(stage: str) -> dict[str, Any]:
     return {}
 
 
-def report_error(exc: Exception) -> int:
-    """Print one `error:` line (and a `hint:`) for a failed job; return its exit code."""
-    if isinstance(exc, CodeQError):
-        print(f"error: {exc.message}", file=sys.stderr, flush=True)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    logging.getLogger("jobs").error("unexpected error", exc_info=True)
-    print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return EXIT_INTERNAL
-
-
 def run_stage(stage: str) -> int:
     """Run one stage as a job and return its exit code."""
     from codeq.config import dump_config, load_config
     from codeq.pipeline.stages import STAGE_FUNCTIONS, StageContext
-    from codeq.store import log, open_store
+    from codeq.store import open_store
 
     started = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix=f"codeq-{stage}-", dir=os.environ.get(SCRATCH_ENV)))
@@ -86,7 +74,7 @@ def run_stage(stage: str) -> int:
         )
         return EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - the one place errors become one line
-        return report_error(exc)
+        return report_error(exc, traceback=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -95,7 +83,7 @@ def resolve_round() -> int:
     """The round to run: CODEQ_STORE__ROUND checked against the store, or the next one."""
     from codeq.config import load_config
     from codeq.pipeline.round_state import next_round, require_previous_finished
-    from codeq.store import RoundLayout, log, open_store
+    from codeq.store import RoundLayout, open_store
 
     wanted = os.environ.get(ROUND_ENV, "").strip()
     if wanted in ("", NEXT_ROUND):
@@ -110,28 +98,20 @@ def resolve_round() -> int:
     return config.store.round
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def main_round() -> None:
     """`python -m jobs.round`: print the round number (stdout) or fail with the exit code."""
-    _configure_logging()
+    setup_logging()
     install_sigterm_handler()
     try:
         print(resolve_round(), flush=True)
     except StageTerminated:
         sys.exit(EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - reported like every job's error
-        sys.exit(report_error(exc))
+        sys.exit(report_error(exc, traceback=True))
     sys.exit(EXIT_OK)
 
 
 def main(stage: str) -> None:
-    _configure_logging()
+    setup_logging()
     install_sigterm_handler()
     sys.exit(run_stage(stage))

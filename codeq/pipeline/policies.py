@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import ConfigError, CorruptInputError
+from codeq.logs import log
 from codeq.policy.source import is_adapter_dir
 from codeq.schemas import Lineage
-from codeq.store import join_key, log
+from codeq.store import join_key
 
 if TYPE_CHECKING:
     from codeq.pipeline.stages import StageContext

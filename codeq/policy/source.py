@@ -91,7 +91,11 @@ def require_adapter_dir(
 
 
 def announce_load(model: str, source: str, what: str = "model") -> None:
-    """Say what a (possibly long) model load waits for, before it starts."""
+    """Say what a (possibly long) model load waits for, before it starts; from here on the
+    model library's own log lines go through the entry point's handler too."""
+    from codeq.logs import route_library_logs
+
+    route_library_logs()
     if Path(source).is_dir():
         if model == source:
             log.info("loading %s from %s", what, source)
