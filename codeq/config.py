@@ -172,6 +172,9 @@ class SearchConfig(Section):
     max_depth: int = Field(3, ge=1, description="Deepest rewrite chain from the buggy program.")
     exploration: float = Field(1.0, ge=0.0, description="UCB1 exploration constant c.")
     bon_samples: int = Field(8, ge=1, description="N for best-of-N.")
+    max_tasks: int | None = Field(
+        None, ge=1, description="Search at most N tasks of each collect shard (none: all)."
+    )
     parallel_trees: int = Field(
         8, ge=1, description="Task trees advanced together so generation gets full batches."
     )
@@ -362,6 +365,21 @@ class CodeQConfig(BaseSettings):
         if cls._file_settings:
             sources.append(InitSettingsSource(settings_cls, init_kwargs=cls._file_settings))
         return tuple(sources)
+
+    def derive(self, **sections: dict[str, Any]) -> CodeQConfig:
+        """A copy with some keys of some sections changed, each changed section validated
+        again: how a caller that needs other settings (evaluate's modes, a benchmark) gets
+        them, e.g. `config.derive(search={"mode": "plain", "reward_tests": "visible"})`."""
+        update = {}
+        for name, values in sections.items():
+            section = getattr(self, name)
+            try:
+                update[name] = type(section).model_validate({**section.model_dump(), **values})
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                key = ".".join([name, *map(str, error["loc"])])
+                raise ConfigError(f"invalid config: {key}: {error['msg']}") from None
+        return self.model_copy(update=update)
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> CodeQConfig:

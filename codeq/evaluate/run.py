@@ -223,14 +223,21 @@ class _Evaluation:
                 remaining,
                 self.engine,
                 sandbox,
-                self.config,
-                mode=SEARCH_MODE_OF[mode],
-                reward_tests="visible",
-                rollouts=rollouts,
+                self._search_config(mode, rollouts),
                 on_trajectory=finished,
             )
         trajectories = [resume.done[task.task_id] for task in self.tasks]
         return trajectories, resume.seconds_before + time.perf_counter() - started
+
+    def _search_config(self, mode: EvalMode, rollouts: int | None) -> CodeQConfig:
+        """The config `mode` searches with: its search mode, rewarded by the visible tests only,
+        sized for the largest budget this evaluation reads (MCTS rollouts, best-of-N's N)."""
+        search: dict[str, Any] = {"mode": SEARCH_MODE_OF[mode], "reward_tests": "visible"}
+        if mode == "mcts":
+            search["rollouts"] = rollouts
+        elif mode == "bon":
+            search["bon_samples"] = rollouts
+        return self.config.derive(search=search)
 
     def _resume_key(self, mode: str, rollouts: int | None) -> str:
         """What must match for searched trees to be reused: policy, search settings, mode."""

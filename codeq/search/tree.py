@@ -22,7 +22,7 @@ from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdic
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Everything one search run needs, resolved from the config and run_search's arguments."""
+    """Everything one search run needs, resolved from the config."""
 
     mode: SearchMode
     reward_tests: TestSplit
@@ -43,31 +43,23 @@ class SearchSettings:
     model: str = ""
 
     @classmethod
-    def resolve(
-        cls,
-        config: CodeQConfig,
-        *,
-        mode: str | None = None,
-        reward_tests: str | None = None,
-        rollouts: int | None = None,
-        model: str = "",
-    ) -> SearchSettings:
+    def resolve(cls, config: CodeQConfig, *, model: str = "") -> SearchSettings:
+        """The settings config.search and config.policy give (a caller that needs others
+        derives a config: `config.derive(search={...})`)."""
         from codeq.errors import ConfigError
 
         search, policy = config.search, config.policy
-        chosen = mode or search.mode
+        chosen = search.mode
         if chosen not in SEARCH_MODES:
             raise ConfigError(
                 f"unknown search mode {chosen!r}", hint=f"use one of {', '.join(SEARCH_MODES)}"
             )
-        reward = reward_tests or search.reward_tests
+        reward = search.reward_tests
         if reward not in ("all", "visible"):
             raise ConfigError(
                 f"reward_tests must be 'all' or 'visible', not {reward!r}",
                 hint="hidden tests alone never reward a search",
             )
-        if rollouts is not None and rollouts < 1:
-            raise ConfigError(f"rollouts must be >= 1, not {rollouts}")
         common = {
             "reward_tests": reward,
             "exploration": search.exploration,
@@ -80,30 +72,25 @@ class SearchSettings:
             "deterministic": search.deterministic,
             "model": model,
         }
-        if chosen == "mcts":
-            return cls(
-                mode="mcts",
-                rollouts=rollouts or search.rollouts,
-                rewrites=search.rewrites_per_expansion,
-                temperature=search.temperature,
-                top_p=search.top_p,
-                max_depth=search.max_depth,
-                critique=policy.critique,
-                **common,  # type: ignore[arg-type]
-            )
-        if chosen == "bon":
-            return cls(
-                mode="bon",
-                rollouts=1,
-                rewrites=rollouts or search.bon_samples,
-                temperature=search.temperature,
-                top_p=search.top_p,
-                max_depth=1,
-                critique=policy.critique,
-                **common,  # type: ignore[arg-type]
-            )
+        if chosen in ("mcts", "bon"):
+            sampled = {
+                "temperature": search.temperature,
+                "top_p": search.top_p,
+                "critique": policy.critique,
+                **common,
+            }
+            if chosen == "mcts":
+                return cls(
+                    mode="mcts",
+                    rollouts=search.rollouts,
+                    rewrites=search.rewrites_per_expansion,
+                    max_depth=search.max_depth,
+                    **sampled,  # type: ignore[arg-type]
+                )
+            return cls(mode="bon", rollouts=1, rewrites=search.bon_samples, max_depth=1, **sampled)  # type: ignore[arg-type]
+        # the single-rewrite modes: one greedy rewrite, no critique
         return cls(
-            mode=chosen,  # type: ignore[arg-type]
+            mode=chosen,
             rollouts=1,
             rewrites=1,
             temperature=0.0,
