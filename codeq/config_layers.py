@@ -33,6 +33,7 @@ OTHER_VARIABLES = {
     CONFIG_FILE_ENV: "the YAML config file (like --config)",
     PRESET_ENV: "the preset (like --preset)",
     "CODEQ_SCRATCH_DIR": "jobs: the parent of each job's scratch folder",
+    "CODEQ_FORCE": "jobs: replace a stage's earlier output (the workflow's force parameter)",
     "CODEQ_MODEL_REPOS": "the chart's model download job: repositories to fetch",
     "CODEQ_REGISTRY": "the images workflow: where images are pushed",
     "CODEQ_REQUIRE_DOCKER": "tests: .ci/run makes the image tests fail instead of skip",

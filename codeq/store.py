@@ -115,6 +115,10 @@ class ArtifactStore(ABC):
     def exists(self, key: str) -> bool: ...
 
     @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove `key`; a key that does not exist is no error."""
+
+    @abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix/` (recursive), sorted."""
 
@@ -219,6 +223,10 @@ class ArtifactStore(ABC):
         data = self.get_json(join_key(prefix, MARKER_NAME))
         return data if isinstance(data, dict) else {}
 
+    def unmark_complete(self, prefix: str) -> None:
+        """Remove `prefix/_COMPLETE`: from now on no reader takes the output as complete."""
+        self.delete(join_key(prefix, MARKER_NAME))
+
     def require_complete(self, prefix: str, what: str) -> None:
         if not self.is_complete(prefix):
             raise MissingInputError(
@@ -288,6 +296,9 @@ class FileStore(ArtifactStore):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix)
@@ -425,6 +436,9 @@ class S3Store(ArtifactStore):
                 return False
             raise self._error(exc, "check", key) from exc
         return True
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
     def list(self, prefix: str) -> list[str]:
         full = self._key(prefix) + "/"

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codeq.errors import EXIT_OK
+from codeq.errors import EXIT_OK, ConfigError
 from codeq.logs import log, report_error, setup_logging
 from codeq.shards import shard_from_env
 
 SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
 ROUND_ENV = "CODEQ_STORE__ROUND"
+FORCE_ENV = "CODEQ_FORCE"
 NEXT_ROUND = "next"
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: what a shell reports for a process ended by SIGTERM
 
@@ -41,6 +42,20 @@ def install_sigterm_handler() -> None:
     signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+def force_from_env() -> bool:
+    """CODEQ_FORCE: recompute the stage, replacing an output made under another fingerprint
+    (the workflow's `force` parameter)."""
+    raw = os.environ.get(FORCE_ENV, "").strip().lower()
+    if raw in {"", "0", "false", "no"}:
+        return False
+    if raw in {"1", "true", "yes"}:
+        return True
+    raise ConfigError(
+        f"{FORCE_ENV}={raw!r} is neither true nor false",
+        hint="set it to 1/true to replace a stage's earlier output, or 0/false (the default)",
+    )
+
+
 def stage_arguments(stage: str) -> dict[str, Any]:
     if stage == "collect":
         index, count = shard_from_env()
@@ -62,7 +77,7 @@ def run_stage(stage: str) -> int:
         log(f"job {stage} starting{' ' + str(arguments) if arguments else ''}; effective config:")
         sys.stderr.write(dump_config(config))
         store = open_store(config.store)
-        context = StageContext(config=config, store=store, scratch=scratch)
+        context = StageContext(config=config, store=store, scratch=scratch, force=force_from_env())
         result = STAGE_FUNCTIONS[stage](context, **arguments)
         status = "skipped (already complete)" if result.get("skipped") else "finished"
         log(f"job {stage} {status} in {time.perf_counter() - started:.1f}s")

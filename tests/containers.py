@@ -37,6 +37,7 @@ ARGO_SAMPLE = {
     "workflow.uid": "00000000-0000-0000-0000-000000000000",
     "workflow.parameters.round": "0",
     "workflow.parameters.run": "default",
+    "workflow.parameters.force": "false",
     "workflow.status": "Failed",
     "inputs.parameters.round": "0",
 }

@@ -30,7 +30,7 @@ def test_round_workflow_refers_to_the_charts_template_and_overrides_no_default()
     assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
     assert "arguments" not in workflow["spec"]
     declared = [p["name"] for p in template["spec"]["arguments"]["parameters"]]
-    assert declared == ["round", "run"]
+    assert declared == ["round", "run", "force"]
 
 
 def test_readme_opens_with_the_dag_and_explains_submit():

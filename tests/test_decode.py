@@ -10,6 +10,7 @@ from codeq.policy.decode_batch import (
     fused_cpu_attention,
     length_buckets,
     matmul_attention,
+    merge_partials,
 )
 from codeq.policy.prefix_cache import PrefixCache
 from codeq.policy.sampling import CANDIDATES, sample_tokens
@@ -43,6 +44,37 @@ def test_partial_attention_returns_output_and_log_sum_exp(kernel):
     expected = scores.softmax(dim=-1) @ values
     torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(lse, scores.logsumexp(dim=-1), rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_attention_keeps_bf16_scores_in_float32():
+    """Scores of bf16 queries and keys are not rounded to bf16: with scores in the hundreds a
+    bf16 matmul's output is off by whole units, which moves softmax weights by e^1 and more."""
+    torch.manual_seed(0)
+    query = (torch.randn(2, KV_HEADS, 3, 64) * 4).bfloat16()
+    keys = (torch.randn(2, KV_HEADS, 50, 64) * 4).bfloat16()
+    values = torch.randn(2, KV_HEADS, 50, 64).bfloat16()
+    output, lse = matmul_attention(query, keys, values, None, 1.0)
+    exact = query.float() @ keys.float().transpose(-1, -2)
+    torch.testing.assert_close(lse, exact.logsumexp(dim=-1), rtol=1e-6, atol=1e-3)
+    expected = exact.softmax(dim=-1) @ values.float()
+    torch.testing.assert_close(output.float(), expected, rtol=2e-2, atol=2e-2)
+    rounded = (query @ keys.transpose(-1, -2)).float()  # what a bf16 matmul hands back
+    assert float((rounded.logsumexp(dim=-1) - exact.logsumexp(dim=-1)).abs().max()) > 0.05
+
+
+def test_merging_two_partial_attentions_equals_attention_over_both():
+    torch.manual_seed(0)
+    query = torch.randn(3, KV_HEADS, 4, HEAD_DIM)
+    keys, values = torch.randn(3, KV_HEADS, 9, HEAD_DIM), torch.randn(3, KV_HEADS, 9, HEAD_DIM)
+    first = matmul_attention(query, keys[:, :, :5], values[:, :, :5], None, 0.25)
+    second = matmul_attention(query, keys[:, :, 5:], values[:, :, 5:], None, 0.25)
+    merged = merge_partials(*first, *second)
+    expected = (query @ keys.transpose(-1, -2) * 0.25).softmax(dim=-1) @ values
+    torch.testing.assert_close(merged, expected, rtol=1e-5, atol=1e-5)
+    # a first part with every key masked weighs nothing, even where its output is undefined
+    empty = torch.full_like(first[0], float("nan")), torch.full_like(first[1], float("-inf"))
+    alone = merge_partials(*empty, *second, first_may_be_empty=True)
+    torch.testing.assert_close(alone, second[0])
 
 
 def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence():

@@ -35,6 +35,7 @@ ARGO_SAMPLE = {
     "workflow.name": WORKFLOW_NAME,
     "workflow.parameters.round": "next",
     "workflow.parameters.run": "default",
+    "workflow.parameters.force": "false",
     "workflow.status": "Failed",
     "tasks.resolve-round.outputs.result": "3",
     "inputs.parameters.round": "3",
@@ -210,9 +211,10 @@ def test_round_defaults_to_next_and_run_to_the_charts_value(scenario):
     parameters = {
         p["name"]: p for p in workflow_template(scenario)["spec"]["arguments"]["parameters"]
     }
-    assert list(parameters) == ["round", "run"]
+    assert list(parameters) == ["round", "run", "force"]
     assert parameters["round"]["value"] == "next"
     assert parameters["run"]["value"] == values["run"]["name"]
+    assert parameters["force"]["value"] == "false"
     other = workflow_template(scenario, json.dumps({"run": {"name": "qwen7b-mcts"}}))
     assert other["spec"]["arguments"]["parameters"][1]["value"] == "qwen7b-mcts"
 
@@ -225,6 +227,7 @@ def test_the_round_number_step_runs_jobs_round_with_the_requested_round():
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["CODEQ_STORE__ROUND"] == "{{workflow.parameters.round}}"
     assert env["CODEQ_STORE__RUN"] == "{{workflow.parameters.run}}"
+    assert env["CODEQ_FORCE"] == "{{workflow.parameters.force}}"  # the workflow's force parameter
     assert env["CODEQ_CONFIG_FILE"] == "/etc/codeq/config.yaml"
     # It reads the store with the jobs' identity; Argo's executor reports with the workflow's.
     assert step["serviceAccountName"] == "codeq-jobs"

@@ -160,3 +160,96 @@ def test_report_of_a_round_without_a_new_adapter(tmp_path) -> None:
     assert summary["evaluation"]["modes"]["mcts"]["solved"] == 1
     assert summary["train_skipped"] == "no preference pairs"
     assert "no preference pairs" in index.read_text()
+
+
+# ------------------------------------------------------------------------ the report stage
+
+
+def eval_results(split: str, solved: dict[str, bool], policy) -> dict:
+    tasks = [task(task_id, "easy", "logic") for task_id in solved]
+    return {
+        "model": "smollm2",
+        "policy": policy.model_dump(mode="json"),
+        "split": split,
+        "task_ids": list(solved),
+        "primary_mode": "full_rewrite",
+        "confidence": 0.95,
+        "modes": {"full_rewrite": summarize(tasks, solved)},
+    }
+
+
+def eval_trajectories(solved: dict[str, bool]) -> list:
+    from test_pairs import node, trajectory
+
+    trees = []
+    for task_id in solved:
+        buggy = f"def f(x):\n    return x - 1  # {task_id}\n"
+        fixed = buggy.replace("x - 1", "x + 1")
+        tree = trajectory([node(0, None, buggy, 0.0), node(1, 0, fixed, 1.0)], task_id=task_id)
+        trees.append(tree.model_copy(update={"final_node": 1}))
+    return trees
+
+
+def test_report_stage_renders_verdict_names_diffs_times_and_fingerprints(tmp_path) -> None:
+    """A round's real stage outputs (pairs, train and promote run as stages; the evaluation's
+    files written as the evaluate stage writes them) rendered by the report stage."""
+    from test_rerun import LAYOUT, POLICY, context, gap, store_with_a_shard
+
+    from codeq.pipeline.stages import pairs_stage, promote_stage, report_stage, train_stage
+    from codeq.schemas import AdapterLink, write_jsonl
+
+    store = store_with_a_shard(tmp_path)
+    settings = {**gap(1.0), "promotion": {"modes": ["full_rewrite"], "level": 0.6}}
+    pairs_stage(context(store, tmp_path, **settings))
+    train_stage(context(store, tmp_path, **settings))
+    candidate = POLICY.extended(
+        AdapterLink(round=0, sha256="b" * 64, source=LAYOUT.stage("adapter"))
+    )
+    validation = {"v1": True, "v2": True, "v3": False}
+    test_solved = {"t9": True, "t2": True, "t5": False, "t1": True, "t7": True}
+    incumbent_test = {"t9": False, "t2": True, "t5": True, "t1": False, "t7": True}
+    folder = tmp_path / "eval"
+    for role, policy, val, test in (
+        ("candidate", candidate, validation, test_solved),
+        ("incumbent", POLICY, {"v1": False, "v2": True, "v3": False}, incumbent_test),
+    ):
+        write_json(
+            folder / role / "validation" / "results.json", eval_results("validation", val, policy)
+        )
+        write_json(folder / role / "test" / "results.json", eval_results("test", test, policy))
+        write_jsonl(
+            folder / role / "test" / "trajectories-full_rewrite.jsonl", eval_trajectories(test)
+        )
+    store.put_dir(LAYOUT.stage("eval"), folder)
+    store.mark_complete(LAYOUT.stage("eval"), {"seconds": 75.5})
+    promote_stage(context(store, tmp_path, **settings))
+    report_stage(context(store, tmp_path, **settings))
+
+    target = tmp_path / "out" / "report.md"
+    assert store.get_verified_file(LAYOUT.stage("report"), "report.md", target)
+    markdown = target.read_text()
+    for python_repr in ("{'", "['", "':", "None", "True", "False", "Lineage("):
+        assert python_repr not in markdown, (python_repr, markdown)
+    assert "## Promotion: promoted" in markdown
+    assert "| full_rewrite | 3 | 2 | 1 | 0.5000 | 1.0000 |" in markdown  # the McNemar statistic
+    assert "- full_rewrite: gained v1; lost none" in markdown  # validation, from the decision
+    assert "- full_rewrite: gained t1, t9; lost t5" in markdown  # test, from the eval results
+    examples = markdown.split("## Example fixes")[1].split("\n## ")[0]
+    assert [line for line in examples.splitlines() if line.startswith("### ")] == [
+        "### t1 (easy, logic)",
+        "### t2 (easy, logic)",
+        "### t7 (easy, logic)",
+    ]  # three solved test tasks in task-id order; t5 was not solved
+    assert "-    return x - 1  # t1\n+    return x + 1  # t1" in examples
+    stages = markdown.split("## Stages")[1]
+    pairs_marker = store.marker(LAYOUT.stage("pairs"))
+    assert (
+        f"| pairs | {pairs_marker['seconds']:.1f}s | `{pairs_marker['fingerprint']['sha256'][:12]}` |"
+        in stages
+    )
+    assert "| evaluate | 1m 15.5s | – |" in stages  # a marker without a fingerprint
+    assert "| collect shard-0 |" in stages
+    html = tmp_path / "out" / "index.html"
+    assert store.get_verified_file(LAYOUT.stage("report"), "index.html", html)
+    page = html.read_text()
+    assert 'id="stages"' in page and 'id="promotion"' in page and "x + 1  # t1" in page

@@ -34,6 +34,7 @@ BUCKET = "codeq-spec"
 WORKFLOW = {
     "workflow.name": "codeq-round-spec1",
     "workflow.parameters.run": "spec",
+    "workflow.parameters.force": "false",
     "workflow.status": "Running",
 }
 ACCESS_KEY, SECRET_KEY = "spec-access-key", "spec-secret-key"  # moto accepts any

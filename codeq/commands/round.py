@@ -31,6 +31,12 @@ OUT_OPTION = typer.Option(
 )
 MODEL_OPTION = model_option(PRESET)
 RUN_OPTION = typer.Option("local", "--run", help="Run name in the store.", metavar="NAME")
+FORCE_OPTION = typer.Option(
+    False,
+    "--force",
+    help="Recompute every stage of the round, replacing outputs an earlier run made (by "
+    "default a stage whose output was made with another config or other inputs is refused).",
+)
 MAX_ITEMS_OPTION = key_option(
     "tasks.max_items",
     "--max-items",
@@ -95,6 +101,7 @@ def command(
     model: str | None = MODEL_OPTION,
     run: str = RUN_OPTION,
     max_items: int | None = MAX_ITEMS_OPTION,
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Run one whole round locally, starting from the policy promoted by the run's earlier
     rounds. Settings: the `laptop` preset unless --preset says otherwise; a --config file
@@ -112,7 +119,7 @@ def command(
             update={"store": config.store.model_copy(update={"round": number})}
         )
     announce_settings(config)
-    summary = run_round(config, out, source=config.tasks.source)
+    summary = run_round(config, out, source=config.tasks.source, force=force)
     echo_round(summary)
 
 

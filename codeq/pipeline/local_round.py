@@ -23,6 +23,7 @@ def run_round(
     *,
     source: str | None = None,
     engines: dict[str, Any] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Run prepare -> collect -> pairs -> train -> evaluate -> promote -> report of round
     `config.store.round` against `config.store` (stages already complete there are skipped);
@@ -30,13 +31,15 @@ def run_round(
 
     `engines` holds policies loaded by earlier rounds (lineage id -> engine; kept and extended
     here, so a promoted candidate is not loaded again as the next round's policy) and may name a
-    stand-in policy for collect under "collect"."""
+    stand-in policy for collect under "collect". `force` recomputes every stage, replacing
+    outputs made earlier (codeq/pipeline/fingerprint.py)."""
     store = open_store(config.store)
     context = StageContext(
         config=config,
         store=store,
         scratch=out_dir / "work",
         engines=engines if engines is not None else {},
+        force=force,
     )
     require_previous_finished(store, context.layout)
     timings: dict[str, float] = {}

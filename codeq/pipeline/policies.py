@@ -34,8 +34,9 @@ def base_policy(ctx: StageContext) -> Lineage:
 
 
 def current_policy(ctx: StageContext) -> Lineage:
-    """The promoted policy of the run (the base model before any promotion). Refuses a run
-    whose recorded base is not the configured model: its adapters fit only that base."""
+    """The policy this round starts from: the one promoted by the run's earlier rounds (the
+    base model before any promotion). Refuses a run whose recorded base is not the configured
+    model: its adapters fit only that base."""
     base = base_policy(ctx)
     key = join_key(ctx.layout.current, CURRENT_INFO)
     if not ctx.store.exists(key):
@@ -43,11 +44,16 @@ def current_policy(ctx: StageContext) -> Lineage:
     info = ctx.store.get_json(key)
     try:
         current = Lineage.model_validate(info["policy"])
+        promoted_in = int(info.get("round", -1))
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptInputError(
             f"{ctx.store.describe(key)} names no policy lineage ({type(exc).__name__})",
             hint="promote a round again, or start a new run (store.run)",
         ) from None
+    if promoted_in >= ctx.layout.round:
+        # This round (or a later one) promoted already: a forced rerun of one of its stages
+        # starts from what the earlier rounds promoted, read from their decisions.
+        current = promoted_before(ctx) or base
     if (current.base_model, current.base_sha256) != (base.base_model, base.base_sha256):
         raise ConfigError(
             f"run {ctx.layout.run!r} builds on base model {current.base_model} "
@@ -56,6 +62,35 @@ def current_policy(ctx: StageContext) -> Lineage:
             hint="keep the run's base model, or start a new run (store.run)",
         )
     return current
+
+
+def promoted_before(ctx: StageContext) -> Lineage | None:
+    """The candidate of the latest round before this one whose promotion decision promoted."""
+    from codeq.promotion import PromotionDecision
+
+    for number in range(ctx.layout.round - 1, -1, -1):
+        prefix = ctx.layout.of_round(number).stage("promote")
+        if not ctx.store.is_complete(prefix) or not ctx.store.marker(prefix).get("promote"):
+            continue
+        target = ctx.scratch / "promoted-before" / f"round-{number}.json"
+        if not ctx.store.get_verified_file(prefix, "decision.json", target):
+            raise CorruptInputError(
+                f"{ctx.store.describe(prefix)} holds no decision.json",
+                hint=f"rerun round {number}'s promote stage",
+            )
+        decision = PromotionDecision.model_validate_json(target.read_text())
+        if decision.candidate is not None:
+            return decision.candidate
+    return None
+
+
+def current_pointer_round(ctx: StageContext) -> int | None:
+    """The round that last wrote runs/<run>/current (None before any promotion)."""
+    key = join_key(ctx.layout.current, CURRENT_INFO)
+    if not ctx.store.exists(key):
+        return None
+    info = ctx.store.get_json(key)
+    return int(info.get("round", -1)) if isinstance(info, dict) else None
 
 
 def set_current(ctx: StageContext, policy: Lineage) -> None:

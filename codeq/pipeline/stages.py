@@ -2,13 +2,19 @@
 `codeq round`.
 
 Every stage follows one protocol: refuse to start unless its inputs' `_COMPLETE` markers exist,
-skip all work when its own marker exists, download inputs (checked against their manifests),
-compute in a local scratch folder, upload outputs with a manifest, and write its marker last.
+skip all work when its own marker exists and records the same fingerprint (the config keys the
+stage reads and its inputs' manifests, codeq/pipeline/fingerprint.py; another one is refused
+unless forced), download inputs (checked against their manifests), compute in a local scratch
+folder, upload outputs with a manifest, and write its marker last, with the fingerprint and the
+stage's wall time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +23,24 @@ from typing import Any
 from codeq.config import CodeQConfig
 from codeq.errors import CorruptInputError, MissingInputError
 from codeq.evaluate.results import EvalResults, Rate, Split
-from codeq.pipeline.policies import current_policy, load_policy, policy_config, set_current
+from codeq.pipeline.fingerprint import (
+    Fingerprint,
+    StaleOutputError,
+    check_recorded,
+    stage_fingerprint,
+)
+from codeq.pipeline.policies import (
+    current_pointer_round,
+    current_policy,
+    load_policy,
+    policy_config,
+    set_current,
+)
 from codeq.pipeline.round_state import require_previous_finished
 from codeq.policy.source import require_adapter_dir
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_json, write_jsonl
 from codeq.shards import check_job_shard
-from codeq.store import MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
+from codeq.store import MANIFEST_NAME, MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
 
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 
@@ -37,6 +55,7 @@ class StageContext:
     engines: dict[str, Any] = field(default_factory=dict)  # lineage id -> loaded engine, shared
     # by the stages of a local round ("collect" may name a stand-in policy for collect in tests)
     lineages: dict[str, Lineage] = field(default_factory=dict)  # the base's, fingerprinted once
+    force: bool = False  # replace outputs made under another fingerprint instead of refusing
 
     @property
     def layout(self) -> RoundLayout:
@@ -48,19 +67,70 @@ class StageContext:
         return path
 
 
-def _already_done(ctx: StageContext, prefix: str, stage: str) -> dict[str, Any] | None:
-    if ctx.store.is_complete(prefix):
-        log(f"{stage}: already complete at {ctx.store.describe(prefix)}; skipping")
-        return {"skipped": True, **ctx.store.marker(prefix)}
-    return None
+@dataclass
+class StageRun:
+    """One stage's run: where its output goes, what it depends on, and when it started."""
+
+    stage: str
+    prefix: str
+    fingerprint: Fingerprint
+    skipped: dict[str, Any] | None = None  # the marker of an output that is kept
+    replacing: bool = False  # forced: the old output was unmarked and is being replaced
+    started: float = field(default_factory=time.perf_counter)
 
 
-def _finish(ctx: StageContext, prefix: str, stage: str, info: dict[str, Any]) -> dict[str, Any]:
-    created = ctx.store.mark_complete(prefix, {"stage": stage, **info})
+def manifest_checksum(ctx: StageContext, prefix: str) -> str | None:
+    """sha256 of a complete stage output's MANIFEST.json (None while it is not complete)."""
+    if not ctx.store.is_complete(prefix):
+        return None
+    return hashlib.sha256(ctx.store.get_bytes(join_key(prefix, MANIFEST_NAME))).hexdigest()
+
+
+def _begin(
+    ctx: StageContext,
+    prefix: str,
+    stage: str,
+    inputs: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    config_of: str | None = None,
+) -> StageRun:
+    """Skip a complete output with the same fingerprint; refuse one with another (or, forced,
+    unmark it first and clear its old files so no reader takes a half-replaced output as
+    complete). `inputs` names the input stages' prefixes; `config_of` the STAGE_KEYS entry."""
+    checksums = {name: manifest_checksum(ctx, key) for name, key in (inputs or {}).items()}
+    fingerprint = stage_fingerprint(ctx.config, config_of or stage, checksums, overrides)
+    run = StageRun(stage=stage, prefix=prefix, fingerprint=fingerprint)
+    if not ctx.store.is_complete(prefix):
+        return run
+    marker = ctx.store.marker(prefix)
+    if ctx.force:
+        log(f"{stage}: forced; replacing the output at {ctx.store.describe(prefix)}")
+        ctx.store.unmark_complete(prefix)
+        for key in ctx.store.list(prefix):
+            ctx.store.delete(key)
+        run.replacing = True
+        return run
+    check_recorded(
+        marker.get("fingerprint"), fingerprint, f"{stage}'s output at {ctx.store.describe(prefix)}"
+    )
+    log(f"{stage}: already complete at {ctx.store.describe(prefix)}; skipping")
+    run.skipped = {"skipped": True, **marker}
+    return run
+
+
+def _finish(ctx: StageContext, run: StageRun, info: dict[str, Any]) -> dict[str, Any]:
+    seconds = round(time.perf_counter() - run.started, 1)
+    body = {
+        "stage": run.stage,
+        **info,
+        "seconds": seconds,
+        "fingerprint": run.fingerprint.to_json(),
+    }
+    created = ctx.store.mark_complete(run.prefix, body)
     if not created:
-        log(f"{stage}: another worker completed {ctx.store.describe(prefix)} first")
-    log(f"{stage}: done -> {ctx.store.describe(prefix)}")
-    return {"skipped": False, **info}
+        log(f"{run.stage}: another worker completed {ctx.store.describe(run.prefix)} first")
+    log(f"{run.stage}: done in {seconds:.1f}s -> {ctx.store.describe(run.prefix)}")
+    return {"skipped": False, **info, "seconds": seconds}
 
 
 # ------------------------------------------------------------------------------ prepare
@@ -71,18 +141,18 @@ def prepare_stage(ctx: StageContext, source: str | None = None) -> dict[str, Any
     from codeq.tasks.pipeline import SPLITS
 
     prefix = ctx.layout.stage("tasks")
-    done = _already_done(ctx, prefix, "prepare")
-    if done:
-        return done
-    require_previous_finished(ctx.store, ctx.layout)
     source = source or ctx.config.tasks.source
+    run = _begin(ctx, prefix, "prepare", overrides={"tasks.source": source})
+    if run.skipped:
+        return run.skipped
+    require_previous_finished(ctx.store, ctx.layout)
     out_dir = ctx.workdir("tasks")
     log(f"prepare: building tasks from {source}")
     report = prepare(source, out_dir, ctx.config)
     _sample_train_tasks(ctx, out_dir / "train.jsonl", report)
     ctx.store.put_dir(prefix, out_dir)
     counts = {name: _count_lines(out_dir / f"{name}.jsonl") for name in SPLITS}
-    return _finish(ctx, prefix, "prepare", {"source": source, "tasks": counts, "report": report})
+    return _finish(ctx, run, {"source": source, "tasks": counts, "report": report})
 
 
 def _sample_train_tasks(ctx: StageContext, train_path: Path, report: dict[str, Any]) -> None:
@@ -129,12 +199,20 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
     most the tasks in flight."""
     check_job_shard(shard_index, shard_count)
     prefix = ctx.layout.shard(shard_index)
-    done = _already_done(ctx, prefix, f"collect shard {shard_index}")
-    if done:
-        return done
+    run = _begin(
+        ctx,
+        prefix,
+        f"collect shard {shard_index}",
+        inputs=_policy_inputs(ctx, tasks=ctx.layout.stage("tasks")),
+        overrides={"shard_count": shard_count},
+        config_of="collect",
+    )
+    if run.skipped:
+        return run.skipped
     tasks_dir = _download_tasks(ctx)
     out_dir = ctx.workdir(f"shard-{shard_index}")
     out_path = out_dir / "trajectories.jsonl"
+    _check_shard_progress(ctx, run)
     restored = restore_shard_progress(ctx, shard_index, out_path)
     log(
         f"collect shard {shard_index}/{shard_count}: {restored} task(s) restored from the store; "
@@ -173,7 +251,43 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
         "solved": sum(t.solved for t in trajectories),
         "policy": policy.id,
     }
-    return _finish(ctx, prefix, f"collect shard {shard_index}", info)
+    return _finish(ctx, run, info)
+
+
+PROGRESS_NAME = "PROGRESS.json"
+
+
+def _policy_inputs(ctx: StageContext, **inputs: str) -> dict[str, str]:
+    """`inputs` plus the previous round's promotion decision: it decides the policy this round
+    starts from (policy.model, a fingerprinted key, names the base)."""
+    if ctx.layout.round > 0:
+        previous = ctx.layout.of_round(ctx.layout.round - 1).stage("promote")
+        inputs = {**inputs, f"promote (round {ctx.layout.round - 1})": previous}
+    return inputs
+
+
+def _check_shard_progress(ctx: StageContext, run: StageRun) -> None:
+    """The per-task trajectories a shard saved so far are kept only under the fingerprint they
+    were searched under (recorded in PROGRESS.json); under another one they are refused, or,
+    forced, discarded."""
+    task_prefix = join_key(run.prefix, "tasks")
+    progress_key = join_key(run.prefix, PROGRESS_NAME)
+    saved = ctx.store.list(task_prefix)
+    if saved and ctx.store.exists(progress_key):
+        recorded = ctx.store.get_json(progress_key).get("fingerprint")
+        try:
+            check_recorded(
+                recorded,
+                run.fingerprint,
+                f"the {len(saved)} trajectories saved at {ctx.store.describe(task_prefix)}",
+            )
+        except StaleOutputError:
+            if not ctx.force:
+                raise
+            log(f"{run.stage}: forced; discarding {len(saved)} trajectories of another config")
+            for key in saved:
+                ctx.store.delete(key)
+    ctx.store.put_json(progress_key, {"fingerprint": run.fingerprint.to_json()})
 
 
 def unique_trajectories(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -233,11 +347,14 @@ def completed_shards(ctx: StageContext) -> list[int]:
 
 def pairs_stage(ctx: StageContext) -> dict[str, Any]:
     prefix = ctx.layout.stage("pairs")
-    done = _already_done(ctx, prefix, "pairs")
-    if done:
-        return done
+    keeping = ctx.store.is_complete(prefix) and not ctx.force
+    shards = _recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)
+    inputs = {f"collect shard {index}": ctx.layout.shard(index) for index in shards}
+    run = _begin(ctx, prefix, "pairs", inputs=inputs)
+    if run.skipped:
+        return run.skipped
     shard_files: list[Path] = []
-    for index in completed_shards(ctx):
+    for index in shards:
         shard_dir = ctx.workdir(f"pairs-in/shard-{index}")
         ctx.store.get_dir(ctx.layout.shard(index), shard_dir)
         shard_files.append(shard_dir / "trajectories.jsonl")
@@ -247,8 +364,16 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
     log(f"pairs: building preference pairs from {len(shard_files)} shard(s)")
     stats = make_pairs(shard_files, out_dir, ctx.config)
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(
-        ctx, prefix, "pairs", {"pairs": stats["pairs"], "trajectories": stats["trajectories"]}
+    return _finish(ctx, run, {"pairs": stats["pairs"], "trajectories": stats["trajectories"]})
+
+
+def _recorded_shards(ctx: StageContext, prefix: str) -> list[int]:
+    """The shards a complete pairs output was built from (its fingerprint's inputs), so a kept
+    output is compared with the same shards' manifests (none for a marker from before
+    fingerprints, which is kept as it always was)."""
+    recorded = (ctx.store.marker(prefix).get("fingerprint") or {}).get("inputs") or {}
+    return sorted(
+        int(name.rsplit(" ", 1)[1]) for name in recorded if name.startswith("collect shard ")
     )
 
 
@@ -260,9 +385,9 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     promoted policy, which is thus DPO's reference). With zero pairs there is nothing to learn
     from: the marker records `trained: false` and later stages keep the current policy."""
     prefix = ctx.layout.stage("adapter")
-    done = _already_done(ctx, prefix, "train")
-    if done:
-        return done
+    run = _begin(ctx, prefix, "train", inputs={"pairs": ctx.layout.stage("pairs")})
+    if run.skipped:
+        return run.skipped
     pairs_dir = _download_stage(ctx, "pairs", "pairs", "train-in")
     n_pairs = _count_lines(pairs_dir / "pairs.jsonl")
     if n_pairs == 0:
@@ -270,7 +395,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         empty = ctx.workdir("adapter-empty")
         write_json(empty / "metrics.json", {"trained": False, "reason": "no preference pairs"})
         ctx.store.put_dir(prefix, empty)
-        return _finish(ctx, prefix, "train", {"trained": False, "reason": "no preference pairs"})
+        return _finish(ctx, run, {"trained": False, "reason": "no preference pairs"})
     from codeq.train import train_dpo
 
     trained_on = _pairs_policy(ctx, pairs_dir)
@@ -288,7 +413,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         "global_steps": metrics.get("global_steps"),
         "train_loss": metrics.get("train_loss"),
     }
-    return _finish(ctx, prefix, "train", summary)
+    return _finish(ctx, run, summary)
 
 
 def _pairs_policy(ctx: StageContext, pairs_dir: Path) -> Lineage:
@@ -346,9 +471,12 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     validation split in promotion.modes (promotion decides there) and the test split in
     evaluate.modes (reported only). Writes eval/<role>/<split>/results.json."""
     prefix = ctx.layout.stage("eval")
-    done = _already_done(ctx, prefix, "evaluate")
-    if done:
-        return done
+    inputs = _policy_inputs(
+        ctx, tasks=ctx.layout.stage("tasks"), adapter=ctx.layout.stage("adapter")
+    )
+    run = _begin(ctx, prefix, "evaluate", inputs=inputs)
+    if run.skipped:
+        return run.skipped
     tasks_dir = _download_tasks(ctx)
     adapter = download_adapter(ctx, "eval-adapter")
     policies = {"incumbent": current_policy(ctx)}
@@ -358,6 +486,9 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         log("evaluate: no adapter was trained this round; evaluating the incumbent only")
     has_validation = _count_lines(tasks_dir / "validation.jsonl") > 0
     out_dir = ctx.workdir("eval")
+    if run.replacing:  # forced: do not resume the evaluation being replaced
+        shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
     summary: dict[str, Any] = {}
     for role, policy in policies.items():
         splits: list[Split] = ["test"]
@@ -374,7 +505,7 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
         summary[role] = policy.model_dump(mode="json")
     write_json(out_dir / "summary.json", summary)
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "evaluate", {"policies": list(policies), **summary})
+    return _finish(ctx, run, {"policies": list(policies), **summary})
 
 
 def _evaluate(
@@ -411,9 +542,9 @@ def promote_stage(ctx: StageContext) -> dict[str, Any]:
     from codeq.promotion import decide
 
     prefix = ctx.layout.stage("promote")
-    done = _already_done(ctx, prefix, "promote")
-    if done:
-        return done
+    run = _begin(ctx, prefix, "promote", inputs={"eval": ctx.layout.stage("eval")})
+    if run.skipped:
+        return run.skipped
     eval_dir = _download_stage(ctx, "eval", "evaluation", "promote-in")
     candidate = _optional_results(eval_dir / "candidate" / "validation")
     incumbent = _optional_results(eval_dir / "incumbent" / "validation")
@@ -421,11 +552,14 @@ def promote_stage(ctx: StageContext) -> dict[str, Any]:
     if decision.promote:
         assert decision.candidate is not None
         set_current(ctx, decision.candidate)
+    elif current_pointer_round(ctx) == ctx.layout.round:
+        # A forced rerun undoes this round's earlier promotion: back to the round's start.
+        set_current(ctx, current_policy(ctx))
     log(f"promote: {decision.reason}")
     out_dir = ctx.workdir("promote")
     write_json(out_dir / "decision.json", decision.model_dump(mode="json"))
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, prefix, "promote", {"promote": decision.promote, "reason": decision.reason})
+    return _finish(ctx, run, {"promote": decision.promote, "reason": decision.reason})
 
 
 def _optional_results(folder: Path) -> EvalResults | None:
@@ -474,9 +608,10 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     """Render report.json, report.md and index.html from the round's test-split evaluation,
     training metrics, pair statistics and promotion decision."""
     prefix = ctx.layout.stage("report")
-    done = _already_done(ctx, prefix, "report")
-    if done:
-        return done
+    stages = {name: ctx.layout.stage(name) for name in ("pairs", "adapter", "eval", "promote")}
+    run = _begin(ctx, prefix, "report", inputs=stages)
+    if run.skipped:
+        return run.skipped
     inputs = ctx.workdir("report-in")
     wanted = {
         "pairs": ["stats.json"],
@@ -502,6 +637,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
         found.get("eval/candidate/test/results.json") if decision.promote else None,
     )
     out_dir = ctx.workdir("report")
+    examples = _example_fixes(ctx, inputs, "candidate" if decision.candidate else "incumbent")
     log("report: rendering report.json, report.md and index.html")
     index = render_report(
         out_dir,
@@ -511,12 +647,60 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
         pair_stats=found.get("pairs/stats.json"),
         decision=decision,
         learning_curve=curve,
+        examples=examples,
+        stages=stage_rows(ctx),
         title=f"CodeQ run {ctx.layout.run}, round {ctx.layout.round}",
     )
     write_json(out_dir / "decision.json", decision.model_dump(mode="json"))
     ctx.store.put_dir(prefix, out_dir)
     info = {"index": ctx.store.describe(join_key(prefix, index.name)), "promoted": decision.promote}
-    return _finish(ctx, prefix, "report", info)
+    return _finish(ctx, run, info)
+
+
+def _example_fixes(ctx: StageContext, inputs: Path, role: str) -> list[dict[str, Any]]:
+    """Three test tasks the candidate (the incumbent when no candidate) solved: the diff from
+    the buggy program to the one the model returned, in its primary mode."""
+    from codeq.report.examples import example_diffs
+
+    prefix = ctx.layout.stage("eval")
+    results_path = inputs / "eval" / role / "test" / "results.json"
+    if not results_path.is_file():
+        return []
+    results = EvalResults.load(results_path)
+    name = f"{role}/test/trajectories-{results.primary_mode}.jsonl"
+    target = inputs / "eval" / name
+    if not ctx.store.get_verified_file(prefix, name, target):
+        return []
+    per_task = results.primary().per_task
+    return example_diffs(read_jsonl(target, Trajectory), per_task)
+
+
+def stage_rows(ctx: StageContext) -> list[dict[str, Any]]:
+    """One row per completed stage of the round (each collect shard its own): wall seconds and
+    the config fingerprint its marker records."""
+    prefixes = [("prepare", ctx.layout.stage("tasks"))]
+    shards = join_key(ctx.layout.round_prefix, "trajectories")
+    for key in ctx.store.list(shards):
+        if key.endswith(f"/{MARKER_NAME}") and key.count("/") == shards.count("/") + 2:
+            shard = key.rsplit("/", 2)[1]
+            prefixes.append((f"collect {shard}", key.rsplit("/", 1)[0]))
+    for stage, name in (("pairs", "pairs"), ("train", "adapter"), ("evaluate", "eval")):
+        prefixes.append((stage, ctx.layout.stage(name)))
+    prefixes.append(("promote", ctx.layout.stage("promote")))
+    rows = []
+    for stage, prefix in prefixes:
+        if not ctx.store.is_complete(prefix):
+            continue
+        marker = ctx.store.marker(prefix)
+        fingerprint = marker.get("fingerprint") or {}
+        rows.append(
+            {
+                "stage": stage,
+                "seconds": marker.get("seconds"),
+                "fingerprint": fingerprint.get("sha256"),
+            }
+        )
+    return rows
 
 
 StageFunction = Callable[..., dict[str, Any]]

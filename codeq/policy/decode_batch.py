@@ -264,7 +264,7 @@ def fused_cpu_attention(query: Any, keys: Any, values: Any, bias: Any, scaling: 
 
 
 def matmul_attention(query: Any, keys: Any, values: Any, bias: Any, scaling: float) -> Any:
-    scores = (query @ keys.transpose(-1, -2)).float() * scaling
+    scores = float32_scores(query, keys) * scaling
     if bias is not None:
         scores = scores + bias
     lse = scores.logsumexp(dim=-1)
@@ -272,17 +272,45 @@ def matmul_attention(query: Any, keys: Any, values: Any, bias: Any, scaling: flo
     return weights @ values, lse
 
 
-def merge_partials(first: Any, first_lse: Any, second: Any, second_lse: Any) -> Any:
-    """Attention over the union of two sets of keys from the attention over each (outputs and
-    log-sum-exps): the softmax over both, weighted by each part's share. A part whose keys are
-    all masked must come with log-sum-exp -inf (it then weighs nothing)."""
+def float32_scores(query: Any, keys: Any) -> Any:
+    """query @ keys^T ([N, h, q, d] x [N, h, L, d] -> [N, h, q, L]) in fp32. A bf16 matmul
+    rounds its output to bf16: 8 bits of mantissa, so a score of 60 comes out a multiple of
+    0.25 and softmax weights off by up to a quarter (on SmolLM2 a greedy critique turned into
+    '99.9999...'). CUDA's bmm writes fp32 from bf16 inputs (`out_dtype`); elsewhere, or with
+    a torch without it, both sides are upcast (a copy of the keys)."""
     import torch
 
-    total = torch.logaddexp(first_lse, second_lse)
-    first_weight = (first_lse - total).exp()[..., None]
-    output = torch.where(first_weight > 0, first.float() * first_weight, 0.0)
-    output += second.float() * (second_lse - total).exp()[..., None]
-    return output.to(second.dtype)
+    if query.dtype == torch.float32:
+        return query @ keys.transpose(-1, -2)
+    n, heads, q, d = query.shape
+    if query.device.type == "cuda":
+        try:
+            scores = torch.bmm(
+                query.reshape(n * heads, q, d),
+                keys.reshape(n * heads, -1, d).transpose(1, 2),
+                out_dtype=torch.float32,
+            )
+            return scores.view(n, heads, q, -1)
+        except (TypeError, RuntimeError):
+            pass
+    return query.float() @ keys.float().transpose(-1, -2)
+
+
+def merge_partials(
+    first: Any, first_lse: Any, second: Any, second_lse: Any, first_may_be_empty: bool = False
+) -> Any:
+    """Attention over the union of two sets of keys from the attention over each (outputs and
+    log-sum-exps): the softmax over both, each part weighted by its share of the total,
+    sigmoid(first_lse - second_lse) for the first. With `first_may_be_empty`, rows of the
+    first part whose keys are all masked (log-sum-exp -inf, output undefined) weigh nothing;
+    the second part must never be empty."""
+    import torch
+
+    share = torch.sigmoid(first_lse - second_lse)[..., None]
+    first = first.float()
+    if first_may_be_empty:
+        first = torch.where(share > 0, first, 0.0)
+    return torch.lerp(second.float(), first, share).to(second.dtype)
 
 
 def stack_prompts(prompts: list[list[LayerKV]]) -> tuple[list[Any], list[Any], Any, Any]:

@@ -84,7 +84,7 @@ class PromptBatch:
                 scaling,
             )
             prefix_lse = prefix_lse.masked_fill(self.no_prefix[:, None, None], float("-inf"))
-            output = merge_partials(prefix_out, prefix_lse, output, lse)
+            output = merge_partials(prefix_out, prefix_lse, output, lse, first_may_be_empty=True)
         return output.reshape(prompts, heads, width, head_dim).transpose(1, 2)
 
     def prompt_kv(self, index: int) -> list[LayerKV]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from codeq.policy.stopping import StopKind
 from codeq.schemas import ChatMessage
@@ -32,6 +32,7 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: list[int]
     seconds: float = 0.0
+    token_ids: list[list[int]] = field(default_factory=list)  # by sample, up to its stop
 
 
 @dataclass

@@ -56,16 +56,20 @@ class _Ticket:
     prompt_ids: list[int]
     texts: list[str] = field(init=False)  # by sample
     lengths: list[int] = field(init=False)
+    token_ids: list[list[int]] = field(init=False)
     unfinished: int = field(init=False)
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.texts = [""] * self.request.n
         self.lengths = [0] * self.request.n
+        self.token_ids = [[] for _ in range(self.request.n)]
         self.unfinished = self.request.n
 
     def result(self) -> GenerationResult:
-        return GenerationResult(self.texts, len(self.prompt_ids), self.lengths, self.seconds)
+        return GenerationResult(
+            self.texts, len(self.prompt_ids), self.lengths, self.seconds, self.token_ids
+        )
 
 
 @dataclass
@@ -269,6 +273,7 @@ class GenerationStream:
         if entry.request.stop == "code":
             text = cut_after_code_block(text)
         entry.texts[sequence.sample], entry.lengths[sequence.sample] = text, count
+        entry.token_ids[sequence.sample] = sequence.tokens[:count]
         entry.unfinished -= 1
         self.engine.stats.sequences += 1
         self.engine.stats.completion_tokens += count

@@ -169,6 +169,25 @@ def _plots(
     return figures
 
 
+def counts_text(counts: dict[str, Any] | None) -> str:
+    """{'easy': 3, 'hard': 1} as 'easy 3, hard 1' (never a Python repr in the report)."""
+    if not counts:
+        return "none"
+    return ", ".join(f"{key} {value}" for key, value in counts.items())
+
+
+def names_text(names: list[str] | None) -> str:
+    """Task ids as a comma-separated list ('none' when empty)."""
+    return ", ".join(names) if names else "none"
+
+
+def seconds_text(value: float | None) -> str:
+    if value is None:
+        return "–"
+    minutes, seconds = divmod(float(value), 60)
+    return f"{int(minutes)}m {seconds:04.1f}s" if minutes else f"{seconds:.1f}s"
+
+
 def _render_template(name: str, context: dict[str, Any]) -> str:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
@@ -183,6 +202,9 @@ def _render_template(name: str, context: dict[str, Any]) -> str:
     environment.filters["num"] = lambda value, digits=3: (
         "–" if value is None else f"{value:.{digits}f}"
     )
+    environment.filters["counts"] = counts_text
+    environment.filters["names"] = names_text
+    environment.filters["seconds"] = seconds_text
     return environment.get_template(name).render(**context)
 
 
@@ -195,12 +217,15 @@ def render_report(
     pair_stats: str | Path | dict[str, Any] | None = None,
     decision: Any = None,
     learning_curve: list[dict[str, Any]] | None = None,
+    examples: list[dict[str, Any]] | None = None,
+    stages: list[dict[str, Any]] | None = None,
     title: str = "CodeQ round report",
 ) -> Path:
     """Write out_dir/report.json, report.md and index.html (plots embedded); return index.html.
 
     Each input is a stage's JSON output (path, folder or already-loaded dict); any may be absent,
-    but not all of them."""
+    but not all of them. `examples` are fixes the model made (codeq.report.examples); `stages`
+    one row per stage of the round: its name, wall seconds and config fingerprint."""
     loaded = {
         "eval": results if isinstance(results, dict) else read_json_input(results, "evaluate"),
         "base": base_results
@@ -222,6 +247,10 @@ def render_report(
         summary["promotion"] = decision.model_dump(mode="json")
     if learning_curve:
         summary["learning_curve"] = learning_curve
+    if examples:
+        summary["examples"] = examples
+    if stages:
+        summary["stages"] = stages
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     write_json(out_path / "report.json", summary)

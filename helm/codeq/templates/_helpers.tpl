@@ -163,6 +163,8 @@ EXPR is the (Argo) expression of the round number or request.
   value: {{`"{{workflow.parameters.run}}"`}}
 - name: CODEQ_STORE__ROUND
   value: {{ .round | quote }}
+- name: CODEQ_FORCE
+  value: {{`"{{workflow.parameters.force}}"`}}
 {{- with $root.Values.store.endpointUrl }}
 - name: CODEQ_STORE__ENDPOINT_URL
   value: {{ . | quote }}

@@ -1,0 +1,655 @@
+"""Rollout generation and DPO at Qwen2.5-Coder-7B-Instruct's size on one GPU, in one table.
+
+The model is random-initialised with the exact architecture of Qwen2.5-Coder-7B-Instruct (its
+config.json values are written below; no weights are needed), with a word-level tokenizer made
+here (one token a word, ChatML template, Qwen's special-token ids), saved once as a model
+folder so that every arm loads it the way production loads a checkpoint.
+
+(a) generation: the engine (`PolicyEngine.generate`) against `model.generate`, same prompts
+    (400-1500 tokens), greedy, 256 new tokens, batch 1/16/64, with bf16 weights and with 4-bit
+    NF4 weights (bitsandbytes, the default on CUDA); tokens/s, time to first token, peak
+    memory, and the batch-1 decode rate as a fraction of the memory-bandwidth bound (weight
+    bytes read a step / HBM bandwidth of the device);
+(b) one DPO optimizer step through `codeq.train.dpo.build_trainer` (TRL DPOTrainer, LoRA r32
+    alpha 64 on the 7 projections, pairs of 2048 tokens, effective batch 16 = 2 pairs x 8
+    accumulation steps): LoRA on bf16 weights (the default precision), LoRA on fp32 weights
+    (full fp32), and QLoRA on the NF4 base (what training does on CUDA when sampling is NF4);
+    seconds for the step and peak memory. An arm that runs out of memory is retried with
+    gradient checkpointing, and the table says so;
+(c) the projected wall time of one round, collect on N GPUs and train on one, for ~1.4k pairs,
+    from the numbers above and the stated work per task.
+
+    python bench/gpu.py                        # CUDA; an H100 takes about 10 minutes
+    python bench/gpu.py --tiny                 # the same code path on CPU, tiny Qwen2 config
+    python bench/gpu.py --only generate --json gen.json     # the same in two calls:
+    python bench/gpu.py --only train --with-json gen.json   # (b), then (c) from both
+
+`--tiny` runs everything on CPU with a tiny config of the same family (Qwen2: q/k/v biases,
+GQA, untied head) in well under a minute; the NF4 arms are skipped there (bitsandbytes'
+4-bit kernels are CUDA kernels) with the reason printed. Its numbers exercise the code, they
+project nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+from generate import (  # noqa: E402
+    Case,
+    PeakMemory,
+    agreement,
+    check_parity,
+    machine,
+    measure_case,
+)
+
+# config.json of Qwen/Qwen2.5-Coder-7B-Instruct (checked against the published file)
+QWEN25_CODER_7B_INSTRUCT: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+SPECIAL_IDS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+
+# The same family at toy size, for --tiny (CPU, seconds).
+TINY: dict[str, Any] = {
+    **QWEN25_CODER_7B_INSTRUCT,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "max_window_layers": 2,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "bos_token_id": 1021,
+    "eos_token_id": 1023,
+}
+TINY_SPECIAL_IDS = {"<|endoftext|>": 1021, "<|im_start|>": 1022, "<|im_end|>": 1023}
+
+CHATML = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+ROLE_IDS = {"system": 0, "user": 1, "assistant": 2, "<unk>": 3}
+
+# HBM bandwidth by device name (bytes/s), for the batch-1 bound.
+BANDWIDTH = [
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),  # SXM and NVL report "H100 80GB HBM3"
+    ("H200", 4.8e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100 80GB PCIe", 1.935e12),
+    ("A100", 1.555e12),
+    ("L40S", 0.864e12),
+]
+
+
+@dataclass
+class Settings:
+    """What one run measures: the full size on CUDA, or --tiny on CPU."""
+
+    tiny: bool
+    arch: dict[str, Any]
+    special_ids: dict[str, int]
+    device: str
+    batches: list[int]
+    new_tokens: int
+    prompt_lengths: tuple[int, int]
+    train_length: int
+    per_device_pairs: int
+    accumulation: int
+    repeats: int
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    if args.tiny:
+        return Settings(
+            tiny=True,
+            arch=TINY,
+            special_ids=TINY_SPECIAL_IDS,
+            device="cpu",
+            batches=args.batches or [1, 4],
+            new_tokens=args.new_tokens or 16,
+            prompt_lengths=(40, 150),
+            train_length=64,
+            per_device_pairs=2,
+            accumulation=2,
+            repeats=args.repeats or 1,
+        )
+    return Settings(
+        tiny=False,
+        arch=QWEN25_CODER_7B_INSTRUCT,
+        special_ids=SPECIAL_IDS,
+        device="cuda",
+        batches=args.batches or [1, 16, 64],
+        new_tokens=args.new_tokens or 256,
+        prompt_lengths=(400, 1500),
+        train_length=2048,
+        per_device_pairs=2,
+        accumulation=8,
+        repeats=args.repeats or 1,
+    )
+
+
+# ---------------------------------------------------------------- model folder
+
+
+def word_tokenizer(vocab_size: int, special_ids: dict[str, int]) -> Any:
+    """One token a whitespace-separated word 'w<id>', roles and ChatML's specials at fixed
+    ids: prompts of an exact length, any generated id decodable."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    for word, index in {**ROLE_IDS, **special_ids}.items():
+        del vocab[f"w{index}"]
+        vocab[word] = index
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def make_model_folder(run: Settings, folder: Path) -> Path:
+    """A random-initialised model of `run.arch` in bf16, saved with its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(**run.arch)
+    torch.manual_seed(0)
+    with torch.device(run.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
+    word_tokenizer(run.arch["vocab_size"], run.special_ids).save_pretrained(folder)
+    del model
+    free_memory()
+    return folder
+
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def chat_prompts(count: int, lengths: tuple[int, int], vocab: int, seed: int = 0) -> list[Any]:
+    """`count` user turns of random words, lengths spread evenly over `lengths`."""
+    import random
+
+    from codeq.schemas import ChatMessage
+
+    rng = random.Random(seed)
+    low, high = lengths
+    prompts = []
+    for index in range(count):
+        length = low + (index * 7919) % (high - low + 1)
+        words = " ".join(f"w{rng.randrange(8, vocab - 8)}" for _ in range(length))
+        prompts.append([ChatMessage(role="user", content=words)])
+    return prompts
+
+
+# ---------------------------------------------------------------- (a) generation
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes a decode step reads: every parameter and buffer but the input embedding table
+    (a step reads one row of it). 4-bit weights count their packed bytes and scales."""
+    skip = {id(p) for p in model.get_input_embeddings().parameters()}
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in skip:
+            continue
+        total += tensor.numel() * tensor.element_size()
+        state = getattr(tensor, "quant_state", None)
+        for part in (
+            getattr(state, "absmax", None),
+            getattr(getattr(state, "state2", None), "absmax", None),
+        ):
+            if part is not None:
+                total += part.numel() * part.element_size()
+    return total
+
+
+def bandwidth(device_name: str) -> float | None:
+    return next((value for key, value in BANDWIDTH if key in device_name), None)
+
+
+def device_name(run: Settings) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if run.device == "cuda" else machine()
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    part: str
+    arm: str
+    setting: str
+    value: float | None
+    unit: str
+    ttft_s: float | None = None
+    peak_gib: float | None = None
+    ratio: str = ""
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]:
+    from codeq.config import PolicyConfig
+    from codeq.policy import PolicyEngine
+
+    dtype = "float32" if run.tiny else "bfloat16"
+    config = PolicyConfig(
+        model=str(folder),
+        device=run.device,  # type: ignore[arg-type]
+        dtype=dtype,  # type: ignore[arg-type]
+        quantization=quantization,  # type: ignore[arg-type]
+        batch_size=max(run.batches),
+        max_prompt_tokens=4096,
+        prefix_cache_tokens=0,
+    )
+    engine = PolicyEngine.load(config, seed=0)
+    label = "NF4" if quantization == "nf4" else dtype.replace("bfloat16", "bf16")
+    read_bytes = weight_bytes(engine.model)
+    limit = bandwidth(device_name(run))
+    prompts = chat_prompts(max(run.batches), run.prompt_lengths, run.arch["vocab_size"])
+    rows = []
+    for batch in run.batches:
+        case = Case(f"batch {batch}", prompts[:batch])
+        prompt_tokens = statistics.mean(len(engine.encode_chat(m)) for m in case.messages)
+        result = measure_case(engine, case, run.new_tokens, run.repeats)
+        ours, theirs = result.runs["engine"][0].rows, result.runs["generate"][0].rows
+        if run.tiny:  # float32: the timed outputs must be equal
+            check_parity(f"{label} {case.name}", ours, theirs)
+        agree = agreement(ours, theirs)
+        for arm in ("engine", "generate"):
+            tokens_per_s = result.median(arm, "tokens_per_s")
+            note = ""
+            if batch == 1:
+                decode = decode_rate(result, arm)
+                bound = limit / read_bytes if limit else None
+                note = f"decode {decode:.1f} tok/s" + (
+                    f" = {decode / bound:.0%} of the bandwidth bound {bound:.0f} tok/s "
+                    f"({read_bytes / 1e9:.2f} GB a step)"
+                    if bound
+                    else " (no bandwidth figure for this device)"
+                )
+            if arm == "engine":
+                note = "; ".join(
+                    filter(None, [note, f"{agree['identical_rows']}/{agree['rows']} rows equal"])
+                )
+            rows.append(
+                Row(
+                    "(a) generate",
+                    f"{arm} {label}",
+                    f"batch {batch}",
+                    tokens_per_s,
+                    "tok/s",
+                    ttft_s=result.median(arm, "ttft_s"),
+                    peak_gib=result.median(arm, "peak_mib") / 1024,
+                    ratio=f"engine/generate {result.ratio():.2f}x" if arm == "engine" else "",
+                    note=note,
+                    extra={
+                        "runs": result.summary(),
+                        "weight_bytes": read_bytes,
+                        "mean_prompt_tokens": prompt_tokens,
+                    },
+                )
+            )
+    del engine
+    free_memory()
+    return rows
+
+
+def decode_rate(result: Any, arm: str) -> float:
+    """Tokens a second after the first: (tokens - rows) / (seconds - time to first token)."""
+    ttft = result.median(arm, "ttft_s")
+    rates = [(r.tokens - len(r.rows)) / max(r.seconds - ttft, 1e-9) for r in result.runs[arm]]
+    return statistics.median(rates)
+
+
+# ---------------------------------------------------------------- (b) one DPO step
+
+
+def training_pairs(run: Settings, tokenizer: Any, count: int) -> list[Any]:
+    """`count` pairs whose longer side is exactly `run.train_length` tokens as the chat
+    template renders it (prompt 3/4, completion 1/4, as repair pairs are)."""
+    import random
+
+    from codeq.schemas import ChatMessage, Pair
+
+    rng = random.Random(1)
+    vocab = run.arch["vocab_size"]
+
+    def words(n: int) -> str:
+        return " ".join(f"w{rng.randrange(8, vocab - 8)}" for _ in range(n))
+
+    overhead = len(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
+            tokenize=False,
+        ).split()
+    )
+    content = run.train_length - overhead
+    completion = content // 4
+    pairs = []
+    for index in range(count):
+        pairs.append(
+            Pair(
+                task_id=f"task{index % 4}",
+                slug=f"slug{index % 4}",
+                level="easy",
+                category="logic",
+                prompt=[ChatMessage(role="user", content=words(content - completion))],
+                chosen=words(completion),
+                rejected=words(completion),
+                q_chosen=1.0,
+                q_rejected=0.0,
+            )
+        )
+    return pairs
+
+
+def train_config(
+    run: Settings, folder: Path, precision: str, quantization: str, checkpointing: bool
+) -> Any:
+    from codeq.config import load_config
+
+    return load_config(
+        overrides={
+            "policy": {"model": str(folder), "device": run.device, "quantization": quantization},
+            "train": {
+                "precision": precision,
+                "per_device_batch_size": run.per_device_pairs,
+                "gradient_accumulation_steps": run.accumulation,
+                "max_steps": 1,
+                "eval_fraction": 0.0,
+                "max_length": run.train_length,
+                "gradient_checkpointing": checkpointing,
+            },
+        }
+    )
+
+
+def one_dpo_step(run: Settings, folder: Path, precision: str, quantization: str) -> Row:
+    """One optimizer step through build_trainer; out of memory -> again with checkpointing."""
+    import torch
+
+    from codeq.train.model import load_tokenizer
+
+    pairs = training_pairs(
+        run, load_tokenizer(str(folder)), run.per_device_pairs * run.accumulation
+    )
+    label = {"bf16": "LoRA bf16", "fp32": "LoRA fp32"}[precision]
+    if quantization == "nf4":
+        label = "QLoRA NF4 (bf16 compute)"
+    setting = f"{len(pairs)} pairs x {run.train_length} tokens"
+    notes = []
+    for checkpointing in (False, True):
+        memory = PeakMemory(run.device)
+        step = None
+        try:
+            with tempfile.TemporaryDirectory() as work, memory.measure():
+                config = train_config(run, folder, precision, quantization, checkpointing)
+                step = timed_step(pairs, Path(work), config)
+        except torch.cuda.OutOfMemoryError:
+            notes.append(
+                "out of memory" + (" with" if checkpointing else " without") + " checkpointing"
+            )
+        free_memory()  # after the except block: its traceback held the trainer
+        if step is None:
+            continue
+        if checkpointing:
+            notes.append("gradient checkpointing on")
+        return Row(
+            "(b) DPO step",
+            label,
+            setting,
+            step,
+            "s/step",
+            peak_gib=memory.peak_mib / 1024,
+            note="; ".join(notes),
+        )
+    return Row("(b) DPO step", label, setting, None, "s/step", note="; ".join(notes))
+
+
+def timed_step(pairs: list[Any], work: Path, config: Any) -> float:
+    """Seconds of the one optimizer step (the first: its one-off warm-up included)."""
+    from codeq.train.dpo import build_trainer
+
+    prepared = build_trainer(pairs, work, config)
+    started = time.perf_counter()
+    prepared.trainer.train()
+    seconds = time.perf_counter() - started
+    return prepared.callback.step_seconds[0] if prepared.callback.step_seconds else seconds
+
+
+# ---------------------------------------------------------------- (c) one round
+
+
+@dataclass
+class RoundWork:
+    """The work of one round (defaults: CodeQ's round size and codeq's search defaults)."""
+
+    pairs: int = 1400
+    tasks: int = 800
+    rewrites_per_task: int = 24  # search.rollouts 8 x search.rewrites_per_expansion 3
+    rewrite_tokens: int = 300
+    critique_tokens: int = 12
+    prompt_tokens_read_per_task: int = 5000  # after the prefix cache
+    effective_batch: int = 16
+    gpus: tuple[int, ...] = (1, 4, 8)
+
+
+def projection_rows(rows: list[Row], work: RoundWork, batch: int) -> list[Row]:
+    """Collect time from the engine's tokens/s and prompt-reading rate at `batch`, train time
+    from the measured DPO step; NF4 is what CUDA samples and trains with by default."""
+
+    def find(part: str, arm: str, setting: str) -> Row | None:
+        return next(
+            (
+                r
+                for r in rows
+                if r.part == part and r.arm == arm and r.setting == setting and r.value
+            ),
+            None,
+        )
+
+    generate = (
+        find("(a) generate", "engine NF4", f"batch {batch}")
+        or find("(a) generate", "engine bf16", f"batch {batch}")
+        or find("(a) generate", "engine float32", f"batch {batch}")
+    )
+    train = next(
+        (r for r in rows if r.part == "(b) DPO step" and r.value and r.arm.startswith("QLoRA")),
+        None,
+    ) or next(
+        (r for r in rows if r.part == "(b) DPO step" and r.value and r.arm == "LoRA bf16"), None
+    )
+    if generate is None or train is None or generate.ttft_s is None:
+        return [Row("(c) round", "projection", "", None, "h", note="needs (a) and (b) numbers")]
+    prompt_rate = batch * generate.extra["mean_prompt_tokens"] / generate.ttft_s
+    generated = work.rewrites_per_task * (work.rewrite_tokens + work.critique_tokens)
+    per_task = generated / generate.value + work.prompt_tokens_read_per_task / prompt_rate
+    steps = math.ceil(work.pairs / work.effective_batch)
+    train_hours = steps * train.value / 3600
+    out = []
+    for gpus in work.gpus:
+        collect_hours = work.tasks * per_task / gpus / 3600
+        out.append(
+            Row(
+                "(c) round",
+                f"collect on {gpus} GPU{'s' * (gpus > 1)}, train on 1",
+                f"{work.tasks} tasks, {work.pairs} pairs",
+                collect_hours + train_hours,
+                "h",
+                note=f"collect {collect_hours:.2f} h ({generate.arm}, batch {batch}) + train "
+                f"{train_hours:.2f} h ({steps} steps of {train.arm})",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- table and main
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| part | arm | setting | value | TTFT s | peak GiB | ratio | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        value = "-" if r.value is None else f"{r.value:,.2f} {r.unit}"
+        ttft = "" if r.ttft_s is None else f"{r.ttft_s:.2f}"
+        peak = "" if r.peak_gib is None else f"{r.peak_gib:.2f}"
+        lines.append(
+            f"| {r.part} | {r.arm} | {r.setting} | {value} | {ttft} | {peak} | {r.ratio} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny Qwen2 config on CPU")
+    parser.add_argument("--only", choices=["generate", "train"], help="run one part")
+    parser.add_argument("--batches", type=int, nargs="+")
+    parser.add_argument("--new-tokens", type=int)
+    parser.add_argument("--repeats", type=int, help="runs of each arm (default 1)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=450,
+        help="start no further part after this many seconds (default 450: the last, the fp32 "
+        "DPO step, takes about two minutes on an H100 by estimate)",
+    )
+    parser.add_argument("--work-dir", help="where the model folder goes (default: a temp dir)")
+    parser.add_argument("--json", help="also write every number here")
+    parser.add_argument("--markdown", help="also write the table here")
+    parser.add_argument(
+        "--with-json",
+        help="rows of an earlier run's --json (e.g. --only generate) to include and project from",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    args = parse_args(argv)
+    run = settings(args)
+    if run.device == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device; run with --tiny for the CPU version", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    nf4_reason = (
+        "" if run.device == "cuda" else "NF4 skipped: bitsandbytes' 4-bit kernels are CUDA kernels"
+    )
+    rows: list[Row] = []
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        folder = make_model_folder(run, Path(tmp) / "model")
+        print(
+            f"[gpu] random model saved in {time.perf_counter() - started:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+        parts: list[tuple[str, Any]] = []  # the longest (the fp32 step) last
+        nf4 = not nf4_reason
+        if args.only != "train":
+            parts += [("(a) bf16", lambda: generation_rows(run, folder, "none"))]
+        if args.only != "generate":
+            parts += [("(b) LoRA bf16", lambda: [one_dpo_step(run, folder, "bf16", "none")])]
+            if nf4:
+                parts += [("(b) QLoRA NF4", lambda: [one_dpo_step(run, folder, "bf16", "nf4")])]
+        if args.only != "train" and nf4:
+            parts += [("(a) NF4", lambda: generation_rows(run, folder, "nf4"))]
+        if args.only != "generate":
+            parts += [("(b) LoRA fp32", lambda: [one_dpo_step(run, folder, "fp32", "none")])]
+        for name, measure in parts:
+            spent = time.perf_counter() - started
+            if spent > args.budget_s:
+                skipped.append(
+                    f"{name} skipped: {spent:.0f}s spent, over the {args.budget_s:.0f}s budget "
+                    "(run it with --only and --with-json)"
+                )
+                continue
+            print(f"[gpu] {name} ...", file=sys.stderr, flush=True)
+            rows += measure()
+            print(
+                f"[gpu] {name} took {time.perf_counter() - started - spent:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+    if args.with_json:
+        earlier = json.loads(Path(args.with_json).read_text())
+        rows = [Row(**r) for r in earlier if r["part"] != "(c) round"] + rows
+    rows.sort(key=lambda row: row.part)  # stable: (a) rows, then (b), each in measured order
+    rows += projection_rows(rows, RoundWork(), max(run.batches))
+    fp32 = next((r for r in rows if r.arm == "LoRA fp32" and r.value), None)
+    for row in rows:
+        if row.part == "(b) DPO step" and row.value and fp32 and row is not fp32:
+            row.ratio = f"{fp32.value / row.value:.2f}x fp32's speed"
+    notes = [n for n in [nf4_reason, *skipped] if n]
+    header = (
+        f"bench/gpu.py{' --tiny' if run.tiny else ''}: {device_name(run)}; torch {torch.__version__}; "
+        f"model: random {'tiny Qwen2' if run.tiny else 'Qwen2.5-Coder-7B-Instruct architecture'}; "
+        f"{run.new_tokens} new tokens, prompts {run.prompt_lengths[0]}-{run.prompt_lengths[1]} "
+        f"tokens; {time.perf_counter() - started:.0f}s"
+    )
+    text = "\n".join([header, "", table(rows), *(f"\n{n}" for n in notes)])
+    print(text, flush=True)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([r.__dict__ for r in rows], indent=2, default=str) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The generation and GPU benchmarks: their comparisons (parity, ABBA order, what a row counts,
+the projection's arithmetic) and a tiny run of each. Timings are not checked: a run on this
+machine only proves the code path works."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench(name: str):
+    """bench/NAME.py as the module NAME (gpu.py imports generate.py as a sibling)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = load_bench("generate")
+gpu = load_bench("gpu")
+
+
+def test_arms_alternate_engine_generate_generate_engine():
+    assert generate.abba(2) == ["engine", "generate", "generate", "engine"]
+    assert generate.abba(3) == ["engine", "generate", "generate", "engine", "engine", "generate"]
+
+
+def test_rows_end_at_their_stop_token_and_parity_fails_on_any_difference():
+    assert generate.cut_at_stop([5, 6, 2, 7, 2], {2}) == [5, 6, 2]
+    assert generate.cut_at_stop([5, 6], {2}) == [5, 6]
+    generate.check_parity("same", [[1, 2], [3]], [[1, 2], [3]])
+    with pytest.raises(AssertionError, match="1 of 2 rows identical"):
+        generate.check_parity("differs", [[1, 2], [3]], [[1, 2], [4]])
+    assert generate.agreement([[1, 2, 3], [4, 5]], [[1, 2, 9], [4, 5]]) == {
+        "rows": 2,
+        "identical_rows": 1,
+        "mean_common_prefix": 2,
+    }
+
+
+def test_generate_bench_checks_parity_and_prints_the_ratio_last(tiny_model_dir, tmp_path, capsys):
+    """float32 on the tiny model: the timed outputs of both arms must be equal; the siblings
+    case reads each prompt once in the engine and once per sample in generate."""
+    out = tmp_path / "generate.json"
+    args = ["--model", str(tiny_model_dir), "--batches", "1", "3", "--siblings", "2x3"]
+    args += ["--new-tokens", "6", "--dtype", "float32", "--source", "builtin", "--json", str(out)]
+    assert generate.main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("ratio engine / generate")
+    assert all(case in lines[-1] for case in ("batch 1", "batch 3", "2x3 siblings"))
+    assert "decode steps alone" in lines[-1]
+    cases = {case["case"]: case for case in json.loads(out.read_text())["cases"]}
+    assert all("identical" in case["parity"] for case in cases.values())
+    siblings = cases["2x3 siblings"]["arms"]
+    assert (
+        siblings["engine"]["prompt_tokens_read"] * 3 <= siblings["generate"]["prompt_tokens_read"]
+    )
+    assert cases["batch 3"]["agreement"]["identical_rows"] == 3
+    for arm in ("engine", "generate"):  # the decode steps alone: the TTFT call's CPU taken off
+        batch3 = cases["batch 3"]["arms"][arm]
+        assert len(batch3["ttft_runs_cpu_s"]) == 2 and batch3["decode_tokens_per_cpu_s"] > 0
+
+
+def test_word_tokenizer_gives_prompts_of_an_exact_length():
+    tokenizer = gpu.word_tokenizer(1024, gpu.TINY_SPECIAL_IDS)
+    [messages] = gpu.chat_prompts(1, (40, 40), 1024)
+    text = tokenizer.apply_chat_template(
+        [m.model_dump() for m in messages], tokenize=False, add_generation_prompt=True
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 40 + 5  # <|im_start|> user ... <|im_end|> <|im_start|> assistant
+    assert ids[0] == 1022 and ids[-2:] == [1022, 2]
+    assert tokenizer.decode([5, 1023, 900], skip_special_tokens=True) == "w5 w900"
+
+
+def test_weight_bytes_leave_out_the_embedding_table():
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**gpu.TINY), dtype=torch.bfloat16)
+    every = sum(p.numel() * 2 for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
+    embedding = gpu.TINY["vocab_size"] * gpu.TINY["hidden_size"] * 2
+    assert gpu.weight_bytes(model) == every - embedding
+
+
+def test_bandwidth_is_chosen_by_device_name():
+    assert gpu.bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert gpu.bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    assert gpu.bandwidth("NVIDIA H200") == 4.8e12
+    assert gpu.bandwidth("AMD EPYC") is None
+
+
+def test_round_projection_divides_collection_by_the_gpus_and_adds_one_training():
+    rows = [
+        gpu.Row(
+            "(a) generate",
+            "engine NF4",
+            "batch 64",
+            1000.0,  # tokens/s
+            "tok/s",
+            ttft_s=2.0,
+            extra={"mean_prompt_tokens": 500},  # 64 * 500 / 2 = 16,000 prompt tokens/s
+        ),
+        gpu.Row("(b) DPO step", "QLoRA NF4 (bf16 compute)", "16 pairs", 36.0, "s/step"),
+    ]
+    work = gpu.RoundWork(pairs=1600, tasks=100, gpus=(1, 4))
+    one, four = gpu.projection_rows(rows, work, 64)
+    per_task = 24 * (300 + 12) / 1000 + 5000 / 16_000
+    train_hours = 100 * 36.0 / 3600
+    assert one.value == pytest.approx(100 * per_task / 3600 + train_hours)
+    assert four.value == pytest.approx(100 * per_task / 4 / 3600 + train_hours)
+
+
+@pytest.mark.slow
+def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
+    """`python bench/gpu.py --tiny`, in its two-call form: generation in float32 (parity
+    asserted inside), then one DPO step in each precision through codeq.train.dpo and the
+    projection from both calls' numbers; NF4 skipped with a reason."""
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(BENCH / "gpu.py"), "--tiny", *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "NF4 skipped: bitsandbytes' 4-bit kernels are CUDA kernels" in result.stdout
+        return result
+
+    first, second = tmp_path / "generate.json", tmp_path / "all.json"
+    bench("--only", "generate", "--json", str(first))
+    result = bench("--only", "train", "--with-json", str(first), "--json", str(second))
+    rows = json.loads(second.read_text())
+    arms = {(r["part"], r["arm"], r["setting"]) for r in rows if r["value"]}
+    for batch in (1, 4):
+        for arm in ("engine", "generate"):
+            assert ("(a) generate", f"{arm} float32", f"batch {batch}") in arms
+    assert {r["arm"] for r in rows if r["part"] == "(b) DPO step" and r["value"]} == {
+        "LoRA bf16",
+        "LoRA fp32",
+    }
+    assert len([r for r in rows if r["part"] == "(c) round" and r["value"]]) == 3
+    assert "| (c) round | collect on 8 GPUs, train on 1 |" in result.stdout
+
+
+def test_decode_profile_times_each_arms_steps_alone(tiny_model_dir, capsys):
+    args = ["--model", str(tiny_model_dir), "--decode-profile", "2", "--new-tokens", "5"]
+    assert generate.main([*args, "--dtype", "float32", "--source", "builtin"]) == 0
+    out = capsys.readouterr().out
+    for arm in ("engine", "generate"):
+        assert re.search(rf"{arm}: +[\d.]+ ms thread CPU a step \(median of 5;", out), out
+    assert "aten::mm" in out
+    assert out.strip().splitlines()[-1].startswith("ratio generate / engine, thread CPU")
