@@ -75,7 +75,7 @@ def measure(
     before = stats.steps, stats.step_rows, stats.seconds, stats.prompt_tokens
     prefilled_before = stats.prefilled_tokens
     started = time.perf_counter()
-    trajectories = run_search(tasks, engine, sandbox, config, mode="mcts")
+    trajectories = run_search(tasks, engine, sandbox, config.derive(search={"mode": "mcts"}))
     seconds = time.perf_counter() - started
     steps = engine.stats.steps - before[0]
     rows = engine.stats.step_rows - before[1]

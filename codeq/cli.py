@@ -28,7 +28,8 @@ try:  # typer >= 0.20 vendors click; older releases use the click package
     from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
-from codeq.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, CodeQError
+from codeq.errors import EXIT_BAD_INPUT, CodeQError
+from codeq.logs import print_error, report_error, setup_logging
 
 # name -> (module, one-line help); the order is the data flow of a round.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -111,11 +112,7 @@ def _global_options(
 ) -> None:
     common.STATE.config_file = config
     common.STATE.preset = preset
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(verbose)
 
 
 def _with_config_options(function: Callable[..., None]) -> Callable[..., None]:
@@ -165,9 +162,7 @@ for _name, (_module, _help) in COMMANDS.items():
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:
-    typer.echo(f"error: {message}", err=True)
-    if hint:
-        typer.echo(f"hint: {hint}", err=True)
+    print_error(message, hint)
     return code
 
 
@@ -176,7 +171,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="codeq", standalone_mode=False)
     except CodeQError as exc:
-        return _fail(exc.message, exc.hint, exc.exit_code)
+        return report_error(exc, traceback=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
     except typer.Abort:
@@ -187,13 +182,8 @@ def run(argv: list[str] | None = None) -> int:
         return _fail(exc.format_message(), f"run `{command} --help` for usage", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         return _fail("interrupted", None, 130)
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become one line
-        logging.getLogger("codeq").debug("unexpected error", exc_info=True)
-        return _fail(
-            f"unexpected {type(exc).__name__}: {exc}",
-            "this is a bug in codeq; rerun with -v for the traceback",
-            EXIT_INTERNAL,
-        )
+    except Exception as exc:  # noqa: BLE001 - unexpected errors become one line too
+        return report_error(exc, traceback=logging.getLogger().isEnabledFor(logging.DEBUG))
     return 0
 
 

@@ -153,8 +153,16 @@ class PolicyConfig(Section):
     )
 
 
+SearchMode = Literal["mcts", "bon", "greedy", "plain"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
+
+
 class SearchConfig(Section):
-    mode: Literal["mcts", "bon"] = Field("mcts", description="Tree search or best-of-N sampling.")
+    mode: SearchMode = Field(
+        "mcts",
+        description="Tree search or best-of-N sampling; 'greedy' (one greedy rewrite with "
+        "search.prompt) and 'plain' (one greedy rewrite, plain prompt) are evaluation's baselines.",
+    )
     rewrites_per_expansion: int = Field(
         3, ge=1, le=16, description="K rewrites sampled per expansion (CodeQ uses 2..4)."
     )
@@ -170,6 +178,9 @@ class SearchConfig(Section):
         "the bug') or 'detailed' (a system prompt, the examples and constraints, code-only "
         "answer). Qwen2.5-Coder-0.5B solved 10/40 validation tasks with 'plain', 3/40 with "
         "'detailed' (docs/results.md); choose with bench/prompt_ab.py on validation tasks.",
+    )
+    max_tasks: int | None = Field(
+        None, ge=1, description="Search at most N tasks of each collect shard (none: all)."
     )
     parallel_trees: int = Field(
         8, ge=1, description="Task trees advanced together so generation gets full batches."
@@ -255,6 +266,19 @@ class TrainConfig(Section):
 
 EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon"]
 EVAL_MODES: list[EvalMode] = ["zero_shot", "full_rewrite", "mcts", "bon"]
+# The one map between the two names of a mode: each evaluation mode is the search mode it runs,
+# and a Trajectory records the evaluation's name (eval_mode_of).
+SEARCH_MODE_OF: dict[EvalMode, SearchMode] = {
+    "zero_shot": "plain",
+    "full_rewrite": "greedy",
+    "mcts": "mcts",
+    "bon": "bon",
+}
+
+
+def eval_mode_of(search_mode: SearchMode) -> EvalMode:
+    """The evaluation's name of a search mode (what Trajectory.mode records)."""
+    return next(name for name, mode in SEARCH_MODE_OF.items() if mode == search_mode)
 
 
 class EvaluateConfig(Section):
@@ -348,6 +372,21 @@ class CodeQConfig(BaseSettings):
         if cls._file_settings:
             sources.append(InitSettingsSource(settings_cls, init_kwargs=cls._file_settings))
         return tuple(sources)
+
+    def derive(self, **sections: dict[str, Any]) -> CodeQConfig:
+        """A copy with some keys of some sections changed, each changed section validated
+        again: how a caller that needs other settings (evaluate's modes, a benchmark) gets
+        them, e.g. `config.derive(search={"mode": "plain", "reward_tests": "visible"})`."""
+        update = {}
+        for name, values in sections.items():
+            section = getattr(self, name)
+            try:
+                update[name] = type(section).model_validate({**section.model_dump(), **values})
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                key = ".".join([name, *map(str, error["loc"])])
+                raise ConfigError(f"invalid config: {key}: {error['msg']}") from None
+        return self.model_copy(update=update)
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> CodeQConfig:

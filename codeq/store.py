@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -33,6 +32,7 @@ from codeq.errors import (
     MissingInputError,
     StoreError,
 )
+from codeq.logs import log  # stages import it from here too
 
 MANIFEST_NAME = "MANIFEST.json"
 MARKER_NAME = "_COMPLETE"
@@ -558,8 +558,3 @@ def open_store(config: StoreConfig) -> ArtifactStore:
         f"store.uri {config.uri!r} is neither file://PATH nor s3://BUCKET/PREFIX",
         hint="e.g. file://./codeq-store or s3://my-bucket/codeq",
     )
-
-
-def log(message: str) -> None:
-    """Progress and status lines of stages and jobs (stderr, flushed)."""
-    print(f"[codeq] {message}", file=sys.stderr, flush=True)

@@ -3,7 +3,6 @@ store, run its stage, and exit with the documented code (codeq/errors.py, docs/j
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -13,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError, ConfigError
+from codeq.errors import EXIT_OK, ConfigError
+from codeq.logs import log, report_error, setup_logging
+from codeq.shards import shard_from_env
 
-SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
-SHARD_COUNT_ENV = "JOB_COMPLETION_COUNT"
 SCRATCH_ENV = "CODEQ_SCRATCH_DIR"
 ROUND_ENV = "CODEQ_STORE__ROUND"
 FORCE_ENV = "CODEQ_FORCE"
@@ -43,25 +42,6 @@ def install_sigterm_handler() -> None:
     signal.signal(signal.SIGTERM, _raise_terminated)
 
 
-def shard_from_env() -> tuple[int, int]:
-    """(index, count) of an Indexed Job; (0, 1) outside one."""
-    raw_index = os.environ.get(SHARD_INDEX_ENV, "0")
-    raw_count = os.environ.get(SHARD_COUNT_ENV, "1")
-    try:
-        index, count = int(raw_index), int(raw_count)
-    except ValueError:
-        raise ConfigError(
-            f"{SHARD_INDEX_ENV}={raw_index!r} / {SHARD_COUNT_ENV}={raw_count!r} are not integers",
-            hint="run collect as an Indexed Job (completionMode: Indexed)",
-        ) from None
-    if count < 1 or not 0 <= index < count:
-        raise ConfigError(
-            f"{SHARD_INDEX_ENV}={index} is outside 0..{count - 1} ({SHARD_COUNT_ENV}={count})",
-            hint="JOB_COMPLETION_INDEX must be below JOB_COMPLETION_COUNT",
-        )
-    return index, count
-
-
 def force_from_env() -> bool:
     """CODEQ_FORCE: recompute the stage, replacing an output made under another fingerprint
     (the workflow's `force` parameter)."""
@@ -83,23 +63,11 @@ def stage_arguments(stage: str) -> dict[str, Any]:
     return {}
 
 
-def report_error(exc: Exception) -> int:
-    """Print one `error:` line (and a `hint:`) for a failed job; return its exit code."""
-    if isinstance(exc, CodeQError):
-        print(f"error: {exc.message}", file=sys.stderr, flush=True)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    logging.getLogger("jobs").error("unexpected error", exc_info=True)
-    print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return EXIT_INTERNAL
-
-
 def run_stage(stage: str) -> int:
     """Run one stage as a job and return its exit code."""
     from codeq.config import dump_config, load_config
     from codeq.pipeline.stages import STAGE_FUNCTIONS, StageContext
-    from codeq.store import log, open_store
+    from codeq.store import open_store
 
     started = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix=f"codeq-{stage}-", dir=os.environ.get(SCRATCH_ENV)))
@@ -121,7 +89,7 @@ def run_stage(stage: str) -> int:
         )
         return EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - the one place errors become one line
-        return report_error(exc)
+        return report_error(exc, traceback=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -130,7 +98,7 @@ def resolve_round() -> int:
     """The round to run: CODEQ_STORE__ROUND checked against the store, or the next one."""
     from codeq.config import load_config
     from codeq.pipeline.round_state import next_round, require_previous_finished
-    from codeq.store import RoundLayout, log, open_store
+    from codeq.store import RoundLayout, open_store
 
     wanted = os.environ.get(ROUND_ENV, "").strip()
     if wanted in ("", NEXT_ROUND):
@@ -145,28 +113,20 @@ def resolve_round() -> int:
     return config.store.round
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def main_round() -> None:
     """`python -m jobs.round`: print the round number (stdout) or fail with the exit code."""
-    _configure_logging()
+    setup_logging()
     install_sigterm_handler()
     try:
         print(resolve_round(), flush=True)
     except StageTerminated:
         sys.exit(EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - reported like every job's error
-        sys.exit(report_error(exc))
+        sys.exit(report_error(exc, traceback=True))
     sys.exit(EXIT_OK)
 
 
 def main(stage: str) -> None:
-    _configure_logging()
+    setup_logging()
     install_sigterm_handler()
     sys.exit(run_stage(stage))

@@ -118,7 +118,7 @@ def test_round_keeps_its_laptop_preset_under_a_user_file(tmp_path, monkeypatch, 
     laptop = yaml.safe_load((PRESETS_DIR / "laptop.yaml").read_text())
     seen = []
 
-    def capture(config, out, *, source=None, engines=None):
+    def capture(config, out, *, source=None, engines=None, force=False):
         seen.append(config)
         return {"round": 0, "seconds": 0.0, "results": {}, "report": str(out / "report")}
 

@@ -228,7 +228,7 @@ def test_unreachable_s3_says_what_it_waits_for_and_gives_up_in_bounded_time(monk
     assert "no S3 endpoint answers at http://127.0.0.1:" in error and "3 attempts" in error
     assert "store.endpoint_url" in hint and "store.max_attempts" in hint
     waiting = [line for line in err.splitlines() if "retrying" in line]
-    assert len(waiting) == 1 and waiting[0].startswith("[codeq] store: S3 at http://127.0.0.1:")
+    assert len(waiting) == 1 and " INFO codeq: store: S3 at http://127.0.0.1:" in waiting[0]
     assert err.index(waiting[0]) < err.index(error)
 
 

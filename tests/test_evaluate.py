@@ -11,7 +11,7 @@ from codeq import cli
 from codeq.config import load_config
 from codeq.evaluate import ANY_NODE_LABEL, evaluate, summarize, wilson_interval
 from codeq.policy import GenerationRequest, GenerationResult
-from codeq.schemas import Task, read_jsonl
+from codeq.schemas import Task, Trajectory, read_jsonl
 
 
 @pytest.mark.parametrize(
@@ -217,3 +217,36 @@ def test_an_interrupted_evaluation_resumes_without_searching_finished_tasks_agai
     again = ScriptedPolicy(tasks, plans)
     evaluate(test_tasks, tmp_path / "eval", other, engine=again)
     assert set(again.calls) == {t.task_id for t in tasks}, "other settings must search anew"
+
+
+def test_evaluate_with_the_real_engine_and_the_tiny_model(test_tasks, tiny_model_dir, tmp_path):
+    """The real generation engine (a tiny random Llama) through every evaluation mode: each mode
+    searches with its own search mode, rewarded by the visible tests only, and sized for the
+    largest budget it reads."""
+    tasks = read_jsonl(test_tasks, Task)[:2]
+    config = load_config(
+        overrides={
+            "policy": {
+                "model": str(tiny_model_dir),
+                "max_new_tokens": 16,
+                "critique_max_new_tokens": 8,
+                "cpu_threads": 1,
+            },
+            "search": {"rollouts": 2, "rewrites_per_expansion": 1, "bon_samples": 2},
+            "evaluate": {"max_tasks": 2, "rollout_ablation": [1, 2]},
+            "sandbox": {"backend": "subprocess", "workers": 1},
+        }
+    )
+    results = evaluate(test_tasks, tmp_path, config)
+    assert list(results.modes) == ["zero_shot", "full_rewrite", "mcts", "bon"]
+    for mode in results.modes:
+        trajectories = read_jsonl(tmp_path / f"trajectories-{mode}.jsonl", Trajectory)
+        assert [t.task_id for t in trajectories] == [t.task_id for t in tasks]
+        for trajectory, task in zip(trajectories, tasks, strict=True):
+            assert trajectory.mode == mode and trajectory.reward_tests == "visible"
+            assert trajectory.nodes[0].verdict.n_total == len(task.tests("visible"))
+            rewrites = len(trajectory.nodes) - 1
+            assert rewrites == {"zero_shot": 1, "full_rewrite": 1, "bon": 2}.get(mode, rewrites)
+            assert trajectory.completion_tokens > 0
+    assert results.modes["bon"].samples == 2
+    assert set(results.mcts_rollout_ablation) == {"1", "2"}

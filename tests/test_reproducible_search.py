@@ -69,11 +69,11 @@ def test_seeded_requests_repeat_and_differ_by_seed(engine):
 
 def test_the_same_config_gives_the_same_search(engine, tasks, sandbox):
     settings = config(temperature=1.0)
-    first = run_search(tasks, engine, sandbox, settings, mode="mcts")
-    second = run_search(tasks, engine, sandbox, settings, mode="mcts")
+    first = run_search(tasks, engine, sandbox, settings)
+    second = run_search(tasks, engine, sandbox, settings)
     assert completions(first) == completions(second)
     assert [t.final_node for t in first] == [t.final_node for t in second]
-    reseeded = run_search(tasks, engine, sandbox, config(temperature=1.0, seed=7), mode="mcts")
+    reseeded = run_search(tasks, engine, sandbox, config(temperature=1.0, seed=7))
     assert completions(reseeded) != completions(first)
 
 
@@ -86,7 +86,7 @@ def test_search_runs_with_samples_below_at_and_above_the_batch_size(
     decoding; a request that does not fit the free rows waits (it used to crash the stream)."""
     settings = config(rewrites_per_expansion=samples, bon_samples=samples, temperature=1.0)
     engine.stats.max_rows = 0
-    trajectories = run_search(tasks, engine, sandbox, settings, mode=mode)
+    trajectories = run_search(tasks, engine, sandbox, settings.derive(search={"mode": mode}))
     expected = samples * (2 if mode == "mcts" else 1)
     assert [len(t.nodes) - 1 for t in trajectories] == [expected] * len(tasks)
     assert engine.stats.max_rows <= max(BATCH, samples)
@@ -94,5 +94,5 @@ def test_search_runs_with_samples_below_at_and_above_the_batch_size(
 
 @pytest.mark.parametrize("mode", ["greedy", "plain"])
 def test_single_rewrite_modes_run(engine, tasks, sandbox, mode):
-    trajectories = run_search(tasks, engine, sandbox, config(), mode=mode)
+    trajectories = run_search(tasks, engine, sandbox, config().derive(search={"mode": mode}))
     assert [len(t.nodes) for t in trajectories] == [2] * len(tasks)

@@ -88,7 +88,12 @@ def test_collect_shards_resumes_and_never_duplicates(tiny_model_dir, tasks_file,
     engine = PolicyEngine.load(config.policy, seed=0)
     out = tmp_path / "traj.jsonl"
     first = collect(
-        tasks_file, out, config, shard_index=1, shard_count=4, engine=engine, max_tasks=2
+        tasks_file,
+        out,
+        config.derive(search={"max_tasks": 2}),
+        shard_index=1,
+        shard_count=4,
+        engine=engine,
     )
     assert first["searched"] == 2 and first["skipped"] == 0
     with out.open("a") as handle:  # a kill in the middle of a write leaves a torn line
@@ -134,7 +139,9 @@ def test_smollm2_searches_real_tasks(smollm2_dir, tasks_file, sandbox):
         },
     )
     engine = PolicyEngine.load(config.policy, seed=0)
-    trajectories = run_search(tasks, engine, sandbox, config, reward_tests="visible")
+    trajectories = run_search(
+        tasks, engine, sandbox, config.derive(search={"reward_tests": "visible"})
+    )
     rewrites = [n for t in trajectories for n in t.nodes[1:]]
     assert len(rewrites) == 6
     # a real instruction model answers with code: most rewrites are fenced and extractable

@@ -108,8 +108,8 @@ class ScriptedScorer:
 
 def settings(**changes) -> SearchSettings:
     overrides = {"search": {"rewrites_per_expansion": 2, "rollouts": 3, "max_depth": 3}}
-    config = load_config(None, overrides)
-    base = SearchSettings.resolve(config, mode=changes.pop("mode", "mcts"))
+    config = load_config(None, overrides).derive(search={"mode": changes.pop("mode", "mcts")})
+    base = SearchSettings.resolve(config)
     return SearchSettings(**{**base.__dict__, **changes})
 
 
@@ -224,32 +224,36 @@ def test_bon_greedy_and_plain_modes():
     task = make_task(hidden=0)
     policy = ScriptedPolicy([fenced(program(0))] * 3 + [fenced(program(1))])
     config = load_config(None, {"search": {"bon_samples": 4}})
-    [bon] = run_search([task], policy, None, config, mode="bon", scorer=ScriptedScorer())
+    [bon] = run_search(
+        [task], policy, None, config.derive(search={"mode": "bon"}), scorer=ScriptedScorer()
+    )
     assert bon.mode == "bon" and len(bon.nodes) == 5 and bon.final_node == 4
     policy = ScriptedPolicy([fenced(program(1))] * 2)
-    [greedy] = run_search([task], policy, None, config, mode="greedy", scorer=ScriptedScorer())
+    greedy_config = config.derive(search={"mode": "greedy"})
+    [greedy] = run_search([task], policy, None, greedy_config, scorer=ScriptedScorer())
     [request] = policy.calls[0]
     assert greedy.mode == "full_rewrite" and request.temperature == 0 and request.n == 1
     assert len(policy.calls) == 1  # no critique for single greedy rewrites
-    [plain] = run_search([task], policy, None, config, mode="plain", scorer=ScriptedScorer())
+    plain_config = config.derive(search={"mode": "plain"})
+    [plain] = run_search([task], policy, None, plain_config, scorer=ScriptedScorer())
     assert plain.mode == "zero_shot" and plain.nodes[1].prompt[0].role == "user"
     assert "Example" not in plain.nodes[1].prompt[0].content
 
 
 def test_visible_reward_never_sends_hidden_tests_to_the_scorer():
     scorer = ScriptedScorer()
-    config = load_config(None, {"search": {"rollouts": 1}})
+    config = load_config(None, {"search": {"rollouts": 1, "reward_tests": "visible"}})
     policy = ScriptedPolicy([fenced(program(1))] * 3)
-    [trajectory] = run_search(
-        [make_task()], policy, None, config, reward_tests="visible", scorer=scorer
-    )
+    [trajectory] = run_search([make_task()], policy, None, config, scorer=scorer)
     assert {which for _, which in scorer.calls} == {"visible"}
     assert trajectory.reward_tests == "visible" and trajectory.solved
 
 
 def test_bad_mode_and_reward_are_config_errors():
     config = load_config()
-    with pytest.raises(ConfigError):
-        SearchSettings.resolve(config, mode="beam")
-    with pytest.raises(ConfigError):
-        SearchSettings.resolve(config, reward_tests="hidden")
+    with pytest.raises(ConfigError, match="search.mode"):
+        config.derive(search={"mode": "beam"})
+    with pytest.raises(ConfigError, match="search.reward_tests"):
+        config.derive(search={"reward_tests": "hidden"})
+    with pytest.raises(ConfigError, match="search.mode"):
+        load_config(None, {"search": {"mode": "beam"}})

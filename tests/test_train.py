@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from codeq.config import load_config
-from codeq.errors import BadInputError, MissingInputError
+from codeq.errors import BadInputError, MissingInputError, ModelLoadError
 from codeq.schemas import ChatMessage, Pair, write_jsonl
 
 
@@ -135,7 +135,7 @@ def test_train_and_merge_fail_clearly_on_missing_inputs(tmp_path, tiny_model_dir
         train_dpo(empty, tmp_path / "out", tiny_config(tiny_model_dir))
     with pytest.raises(MissingInputError):
         train_dpo(tmp_path / "absent.jsonl", tmp_path / "out", tiny_config(tiny_model_dir))
-    with pytest.raises(MissingInputError, match="adapter"):
+    with pytest.raises(ModelLoadError, match="adapter"):
         merge_adapter(str(tiny_model_dir), tmp_path / "nothing", tmp_path / "m", load_config())
 
 

@@ -203,7 +203,7 @@ def interrupt_after(
 
 def test_a_collect_pod_stopped_mid_way_loses_and_duplicates_no_task(images, tmp_path):
     from codeq.schemas import Task
-    from codeq.search.collect import shard_of
+    from codeq.shards import shard_of
 
     values = twin.twin_values(
         {"config": {"tasks": {"max_items": 12}, "search": {"parallel_trees": 1}}}

@@ -48,17 +48,24 @@ def command(
     adapter: Path | None = key_option(
         "policy.adapter", "--adapter", help="LoRA adapter folder to apply.", metavar="DIR"
     ),
-    max_tasks: int | None = typer.Option(
-        None, "--max-tasks", help="Search at most N tasks of the shard.", metavar="N", min=1
+    max_tasks: int | None = key_option(
+        "search.max_tasks",
+        "--max-tasks",
+        help="Search at most N tasks of the shard.",
+        metavar="N",
+        min=1,
     ),
 ) -> None:
     """Search (MCTS or best-of-N) over tasks; write trajectories."""
     config = config_with(
         {
             "policy": {"model": model, "adapter": str(adapter) if adapter else None},
-            "search": {"mode": mode},
+            "search": {"mode": mode, "max_tasks": max_tasks},
         }
     )
+    if rollouts is not None:  # the search's size: MCTS rollouts, or best-of-N's N
+        size_key = "bon_samples" if config.search.mode == "bon" else "rollouts"
+        config = config.derive(search={size_key: rollouts})
     from codeq.search import collect
 
     summary = collect(
@@ -67,9 +74,6 @@ def command(
         config,
         shard_index=shard_index,
         shard_count=shard_count,
-        mode=mode,
-        rollouts=rollouts,
-        max_tasks=max_tasks,
     )
     typer.echo(
         f"collect: {summary['searched']} task(s) searched, {summary['skipped']} already done, "

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from codeq.config import CodeQConfig
+from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode
 from codeq.errors import BadInputError
 from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split
 from codeq.evaluate.stats import rate, summarize
@@ -31,7 +31,6 @@ from codeq.search.tree import final_answer
 
 log = logging.getLogger(__name__)
 
-SEARCH_MODE_OF = {"zero_shot": "plain", "full_rewrite": "greedy", "mcts": "mcts", "bon": "bon"}
 ANY_NODE_LABEL = (
     "CodeQ's optimistic any-node figure: a task counts as solved when ANY program in the MCTS "
     "tree passes its tests, i.e. an oracle picks the answer. Not comparable to solve_rate, "
@@ -106,11 +105,11 @@ def primary_mode(modes: Sequence[str]) -> str:
 
 def _load_engine(config: CodeQConfig, adapter: str | Path | None) -> Any:
     from codeq.policy import PolicyEngine
-    from codeq.train.model import check_adapter_dir
+    from codeq.policy.source import require_adapter_dir
 
     policy = config.policy
     if adapter is not None:
-        policy = policy.model_copy(update={"adapter": str(check_adapter_dir(adapter))})
+        policy = policy.model_copy(update={"adapter": str(require_adapter_dir(adapter))})
     return PolicyEngine.load(policy, seed=config.tasks.seed)
 
 
@@ -192,7 +191,7 @@ class _Evaluation:
         results.save(self.out_dir / "results.json")
         return results
 
-    def _search(self, mode: str, sandbox: Any) -> tuple[list[Trajectory], float]:
+    def _search(self, mode: EvalMode, sandbox: Any) -> tuple[list[Trajectory], float]:
         """Search every task in `mode`. Each finished tree is appended to a partial file at once,
         so an interrupted evaluation resumes with the tasks it has not searched yet."""
         from codeq.search import run_search
@@ -224,14 +223,21 @@ class _Evaluation:
                 remaining,
                 self.engine,
                 sandbox,
-                self.config,
-                mode=SEARCH_MODE_OF[mode],
-                reward_tests="visible",
-                rollouts=rollouts,
+                self._search_config(mode, rollouts),
                 on_trajectory=finished,
             )
         trajectories = [resume.done[task.task_id] for task in self.tasks]
         return trajectories, resume.seconds_before + time.perf_counter() - started
+
+    def _search_config(self, mode: EvalMode, rollouts: int | None) -> CodeQConfig:
+        """The config `mode` searches with: its search mode, rewarded by the visible tests only,
+        sized for the largest budget this evaluation reads (MCTS rollouts, best-of-N's N)."""
+        search: dict[str, Any] = {"mode": SEARCH_MODE_OF[mode], "reward_tests": "visible"}
+        if mode == "mcts":
+            search["rollouts"] = rollouts
+        elif mode == "bon":
+            search["bon_samples"] = rollouts
+        return self.config.derive(search=search)
 
     def _resume_key(self, mode: str, rollouts: int | None) -> str:
         """What must match for searched trees to be reused: policy, search settings, mode."""

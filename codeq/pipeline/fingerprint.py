@@ -84,7 +84,7 @@ TRAIN_KEYS = [
 # Stage -> the config keys its output depends on. "section.*" means every key of the section.
 STAGE_KEYS: dict[str, list[str]] = {
     "prepare": ["tasks.*", *SANDBOX_KEYS],  # oracles run in the sandbox to build hidden tests
-    "collect": [*GENERATION_KEYS, *SEARCH_KEYS, *SANDBOX_KEYS],
+    "collect": [*GENERATION_KEYS, *SEARCH_KEYS, "search.max_tasks", *SANDBOX_KEYS],
     "pairs": ["pairs.*"],
     "train": TRAIN_KEYS,
     "evaluate": [

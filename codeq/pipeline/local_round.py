@@ -9,9 +9,10 @@ from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.config_layers import PRESETS_DIR
+from codeq.logs import log
 from codeq.pipeline.round_state import finished_rounds, next_round, require_previous_finished
 from codeq.pipeline.stages import STAGE_FUNCTIONS, STAGES, StageContext
-from codeq.store import RoundLayout, join_key, log, open_store
+from codeq.store import RoundLayout, join_key, open_store
 
 LOCAL_ROUND_PRESET = PRESETS_DIR / "laptop.yaml"
 

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import ConfigError, CorruptInputError
+from codeq.logs import log
+from codeq.policy.source import is_adapter_dir
 from codeq.schemas import Lineage
-from codeq.store import join_key, log
+from codeq.store import join_key
 
 if TYPE_CHECKING:
     from codeq.pipeline.stages import StageContext
@@ -105,7 +107,7 @@ def fetch_adapters(ctx: StageContext, policy: Lineage) -> list[Path]:
     for link in policy.adapters:
         ctx.store.require_complete(link.source, f"round {link.round}'s adapter")
         target = ctx.scratch / "adapters" / f"round-{link.round}-{link.sha256[:12]}"
-        if not (target / "adapter_config.json").is_file():
+        if not is_adapter_dir(target):
             ctx.store.get_dir(link.source, target)
         folders.append(target)
     return folders

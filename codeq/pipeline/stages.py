@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import BadInputError, CorruptInputError, MissingInputError
+from codeq.errors import CorruptInputError, MissingInputError
 from codeq.evaluate.results import EvalResults, Rate, Split
 from codeq.pipeline.fingerprint import (
     Fingerprint,
@@ -37,7 +37,9 @@ from codeq.pipeline.policies import (
     set_current,
 )
 from codeq.pipeline.round_state import require_previous_finished
+from codeq.policy.source import require_adapter_dir
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_json, write_jsonl
+from codeq.shards import check_job_shard
 from codeq.store import MANIFEST_NAME, MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
 
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
@@ -195,11 +197,7 @@ def collect_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1)
     stage, which uploads it at once as `trajectories/shard-<i>/tasks/<task_id>.json`; a
     restarted pod downloads those first and skips their tasks, so a kill at any point loses at
     most the tasks in flight."""
-    if shard_count < 1 or not 0 <= shard_index < shard_count:
-        raise BadInputError(
-            f"shard index {shard_index} is outside 0..{shard_count - 1}",
-            hint="JOB_COMPLETION_INDEX must be below JOB_COMPLETION_COUNT",
-        )
+    check_job_shard(shard_index, shard_count)
     prefix = ctx.layout.shard(shard_index)
     run = _begin(
         ctx,
@@ -438,12 +436,9 @@ def download_adapter(ctx: StageContext, name: str) -> Path | None:
         return None
     target = ctx.workdir(name)
     ctx.store.get_dir(prefix, target)
-    if not (target / "adapter_config.json").is_file():
-        raise MissingInputError(
-            f"{ctx.store.describe(prefix)} holds no adapter_config.json",
-            hint="rerun the train stage of this round",
-        )
-    return target
+    return require_adapter_dir(
+        target, shown=ctx.store.describe(prefix), hint="rerun the train stage of this round"
+    )
 
 
 def candidate_policy(ctx: StageContext, adapter_dir: Path) -> Lineage:

@@ -30,7 +30,12 @@ from codeq.policy.decode_batch import groups_by_length
 from codeq.policy.prefix_cache import LayerKV, PrefixCache, common_prefix_length
 from codeq.policy.prompt_batch import PromptBatch
 from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
-from codeq.policy.source import announce_load, load_error, resolve_model_source
+from codeq.policy.source import (
+    announce_load,
+    load_error,
+    require_adapter_dir,
+    resolve_model_source,
+)
 from codeq.policy.stopping import StopCondition, StopKind, eos_ids
 from codeq.policy.stream import GenerationStream
 from codeq.schemas import ChatMessage
@@ -301,12 +306,7 @@ def nf4_config(dtype: Any) -> Any:
 def _apply_adapter(model: Any, adapter: str) -> Any:
     from peft import PeftModel
 
-    folder = Path(adapter).expanduser()
-    if not (folder / "adapter_config.json").is_file():
-        raise ModelLoadError(
-            f"LoRA adapter not found: {folder} has no adapter_config.json",
-            hint="point policy.adapter at the adapter/ folder written by `codeq train`",
-        )
+    folder = require_adapter_dir(adapter)
     try:
         return PeftModel.from_pretrained(model, str(folder), is_trainable=False)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -66,8 +66,36 @@ def resolve_model_source(model: str, cache_dir: str) -> str:
     return str(path) if path.is_dir() else model
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_HINT = "point policy.adapter (--adapter) at the adapter/ folder `codeq train` writes"
+
+
+def is_adapter_dir(folder: str | Path) -> bool:
+    """Whether `folder` holds a PEFT LoRA adapter (its adapter_config.json)."""
+    return (Path(folder).expanduser() / ADAPTER_CONFIG).is_file()
+
+
+def require_adapter_dir(
+    folder: str | Path, *, shown: str | None = None, hint: str = ADAPTER_HINT
+) -> Path:
+    """`folder` (user-expanded) if it holds a LoRA adapter, else a ModelLoadError naming it as
+    `shown` (e.g. its store address) with `hint`: the one check of inference, merge, lineage,
+    evaluation and the stages."""
+    path = Path(folder).expanduser()
+    if not is_adapter_dir(path):
+        raise ModelLoadError(
+            f"{shown or path} holds no {ADAPTER_CONFIG}, so it is not a LoRA adapter folder",
+            hint=hint,
+        )
+    return path
+
+
 def announce_load(model: str, source: str, what: str = "model") -> None:
-    """Say what a (possibly long) model load waits for, before it starts."""
+    """Say what a (possibly long) model load waits for, before it starts; from here on the
+    model library's own log lines go through the entry point's handler too."""
+    from codeq.logs import route_library_logs
+
+    route_library_logs()
     if Path(source).is_dir():
         if model == source:
             log.info("loading %s from %s", what, source)

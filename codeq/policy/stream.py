@@ -15,16 +15,34 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import DecodeBatch
-from codeq.policy.requests import GenerationRequest, GenerationResult
+from codeq.policy.prefix_cache import LayerKV, PrefixCache
+from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
 from codeq.policy.sampling import sample_tokens
-from codeq.policy.stopping import StopCondition, cut_after_code_block
+from codeq.policy.stopping import StopCondition, StopKind, cut_after_code_block
 
-if TYPE_CHECKING:
-    from codeq.policy.engine import PolicyEngine
+
+class StreamModel(Protocol):
+    """What a stream needs of the engine it decodes for (PolicyEngine is one). The engine
+    depends on the stream, never the other way round."""
+
+    model: Any
+    tokenizer: Any
+    batch_size: int
+    stats: GenerationStats
+    prefixes: PrefixCache
+
+    def encode_chat(self, messages: Any, prefix: str = "") -> list[int]: ...
+
+    def stop_condition(self, kind: StopKind, prefix: str = "") -> StopCondition: ...
+
+    def read_prompts(
+        self, prompts: list[list[int]]
+    ) -> tuple[list[tuple[int, ...]], list[tuple[list[LayerKV], Any]]]: ...
+
 
 REFILL_FRACTION = 0.25  # waiting requests join once this share of the batch's rows is free:
 # admitting costs a prompt read and a rebuild of the batch's prompt part, so not every step
@@ -81,7 +99,7 @@ class GenerationStream:
     At most `engine.batch_size` sequences are decoded at once (a request with more samples
     than that runs alone)."""
 
-    def __init__(self, engine: PolicyEngine) -> None:
+    def __init__(self, engine: StreamModel) -> None:
         self.engine = engine
         self.tickets: dict[int, _Ticket] = {}
         self.waiting: deque[int] = deque()

@@ -1,4 +1,4 @@
-"""The sandbox's public records (see docs/ARCHITECTURE.md)."""
+"""The sandbox's public records (see docs/architecture.md)."""
 
 from __future__ import annotations
 

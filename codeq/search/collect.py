@@ -13,22 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import BadInputError
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_jsonl
 from codeq.search.mcts import Policy, Scorer, TrajectoryCallback, run_search
+from codeq.shards import shard_of
 
 log = logging.getLogger(__name__)
-
-
-def shard_of(tasks: list[Task], shard_index: int, shard_count: int) -> list[Task]:
-    """Tasks i with i % shard_count == shard_index (the file's order; every task in one shard)."""
-    if shard_count < 1 or not 0 <= shard_index < shard_count:
-        raise BadInputError(
-            f"shard index {shard_index} is outside 0..{shard_count - 1}",
-            hint="pass --shard-index below --shard-count",
-        )
-    return [task for i, task in enumerate(tasks) if i % shard_count == shard_index]
 
 
 def finished_task_ids(out_path: Path) -> set[str]:
@@ -54,9 +44,6 @@ def collect(
     engine: Policy | None = None,
     lineage: Lineage | None = None,
     on_trajectory: TrajectoryCallback | None = None,
-    mode: str | None = None,
-    rollouts: int | None = None,
-    max_tasks: int | None = None,
     scorer: Scorer | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -64,11 +51,12 @@ def collect(
     recording `lineage` (the searching policy; the configured base model when `engine` is
     loaded here from the config without an adapter), then hand it to `on_trajectory`.
 
-    Rewards come from config.search.reward_tests ('all' on train tasks). Returns a summary."""
+    The search is config.search's (mode, rewards from reward_tests: 'all' on train tasks, at
+    most max_tasks tasks of the shard). Returns a summary."""
     out_path = Path(out_path)
     tasks = shard_of(read_jsonl(tasks_path, Task), shard_index, shard_count)
-    if max_tasks is not None:
-        tasks = tasks[:max_tasks]
+    if config.search.max_tasks is not None:
+        tasks = tasks[: config.search.max_tasks]
     done = finished_task_ids(out_path)
     todo = [task for task in tasks if task.task_id not in done]
     started = time.perf_counter()
@@ -83,11 +71,9 @@ def collect(
 
                 lineage = base_lineage(config.policy)
         trajectories = _search_and_append(
-            todo, out_path, config, engine, lineage, on_trajectory, mode, rollouts, scorer, progress
+            todo, out_path, config, engine, lineage, on_trajectory, scorer, progress
         )
-    stats = summarize(
-        trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started, mode
-    )
+    stats = summarize(trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started)
     stats["policy"] = lineage.model_dump(mode="json") if lineage is not None else None
     return stats
 
@@ -99,8 +85,6 @@ def _search_and_append(
     engine: Policy,
     lineage: Lineage | None,
     on_trajectory: TrajectoryCallback | None,
-    mode: str | None,
-    rollouts: int | None,
     scorer: Scorer | None,
     progress: bool,
 ) -> list[Trajectory]:
@@ -117,22 +101,11 @@ def _search_and_append(
 
     try:
         if scorer is not None:
-            return run_search(
-                todo,
-                engine,
-                None,
-                config,
-                mode=mode,
-                rollouts=rollouts,
-                on_trajectory=append,
-                scorer=scorer,
-            )
+            return run_search(todo, engine, None, config, on_trajectory=append, scorer=scorer)
         from codeq.sandbox import Sandbox
 
         with Sandbox(config.sandbox) as sandbox:
-            return run_search(
-                todo, engine, sandbox, config, mode=mode, rollouts=rollouts, on_trajectory=append
-            )
+            return run_search(todo, engine, sandbox, config, on_trajectory=append)
     finally:
         bar.close()
 
@@ -144,7 +117,6 @@ def summarize(
     skipped: int,
     out_path: Path,
     started: float,
-    mode: str | None,
 ) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     prompt = sum(t.prompt_tokens for t in trajectories)
@@ -152,7 +124,7 @@ def summarize(
     solved = sum(t.solved for t in trajectories)
     return {
         "out": str(out_path),
-        "mode": mode or config.search.mode,
+        "mode": config.search.mode,
         "reward_tests": config.search.reward_tests,
         "shard_tasks": shard_tasks,
         "skipped": skipped,

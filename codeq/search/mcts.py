@@ -114,25 +114,13 @@ def run_search(
     sandbox: Sandbox | None,
     config: CodeQConfig,
     *,
-    mode: str | None = None,
-    reward_tests: str | None = None,
-    rollouts: int | None = None,
     on_trajectory: TrajectoryCallback | None = None,
     scorer: Scorer | None = None,
 ) -> list[Trajectory]:
-    """Search every task; one trajectory per task, in task order.
-
-    mode: 'mcts' | 'bon' | 'greedy' | 'plain' (default config.search.mode); reward_tests:
-    'all' | 'visible' (default config.search.reward_tests); rollouts: MCTS expansions per tree
-    (for 'bon': N). `on_trajectory` is called as soon as each tree finishes. `scorer` replaces
-    the sandbox scorer (tests)."""
-    settings = SearchSettings.resolve(
-        config,
-        mode=mode,
-        reward_tests=reward_tests,
-        rollouts=rollouts,
-        model=getattr(engine, "name", ""),
-    )
+    """Search every task as config.search says (mode, reward_tests, rollouts or bon_samples);
+    one trajectory per task, in task order. `on_trajectory` is called as soon as each tree
+    finishes. `scorer` replaces the sandbox scorer (tests)."""
+    settings = SearchSettings.resolve(config, model=getattr(engine, "name", ""))
     if scorer is None:
         if sandbox is None:
             from codeq.errors import ConfigError

@@ -7,9 +7,8 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-from codeq.config import CodeQConfig
+from codeq.config import SEARCH_MODES, CodeQConfig, SearchMode, eval_mode_of
 from codeq.policy.prompts import (
     fenced,
     first_turn_messages,
@@ -20,15 +19,10 @@ from codeq.policy.prompts import (
 from codeq.policy.requests import GenerationRequest, GenerationResult
 from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdict
 
-SearchMode = Literal["mcts", "bon", "greedy", "plain"]
-SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
-# Trajectory.mode uses the evaluation's names for the single-rewrite modes.
-TRAJECTORY_MODE = {"mcts": "mcts", "bon": "bon", "greedy": "full_rewrite", "plain": "zero_shot"}
-
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Everything one search run needs, resolved from the config and run_search's arguments."""
+    """Everything one search run needs, resolved from the config."""
 
     mode: SearchMode
     reward_tests: TestSplit
@@ -50,31 +44,23 @@ class SearchSettings:
     prompt: str = "plain"
 
     @classmethod
-    def resolve(
-        cls,
-        config: CodeQConfig,
-        *,
-        mode: str | None = None,
-        reward_tests: str | None = None,
-        rollouts: int | None = None,
-        model: str = "",
-    ) -> SearchSettings:
+    def resolve(cls, config: CodeQConfig, *, model: str = "") -> SearchSettings:
+        """The settings config.search and config.policy give (a caller that needs others
+        derives a config: `config.derive(search={...})`)."""
         from codeq.errors import ConfigError
 
         search, policy = config.search, config.policy
-        chosen = mode or search.mode
+        chosen = search.mode
         if chosen not in SEARCH_MODES:
             raise ConfigError(
                 f"unknown search mode {chosen!r}", hint=f"use one of {', '.join(SEARCH_MODES)}"
             )
-        reward = reward_tests or search.reward_tests
+        reward = search.reward_tests
         if reward not in ("all", "visible"):
             raise ConfigError(
                 f"reward_tests must be 'all' or 'visible', not {reward!r}",
                 hint="hidden tests alone never reward a search",
             )
-        if rollouts is not None and rollouts < 1:
-            raise ConfigError(f"rollouts must be >= 1, not {rollouts}")
         common = {
             "reward_tests": reward,
             "exploration": search.exploration,
@@ -88,30 +74,25 @@ class SearchSettings:
             "model": model,
             "prompt": search.prompt,
         }
-        if chosen == "mcts":
-            return cls(
-                mode="mcts",
-                rollouts=rollouts or search.rollouts,
-                rewrites=search.rewrites_per_expansion,
-                temperature=search.temperature,
-                top_p=search.top_p,
-                max_depth=search.max_depth,
-                critique=policy.critique,
-                **common,  # type: ignore[arg-type]
-            )
-        if chosen == "bon":
-            return cls(
-                mode="bon",
-                rollouts=1,
-                rewrites=rollouts or search.bon_samples,
-                temperature=search.temperature,
-                top_p=search.top_p,
-                max_depth=1,
-                critique=policy.critique,
-                **common,  # type: ignore[arg-type]
-            )
+        if chosen in ("mcts", "bon"):
+            sampled = {
+                "temperature": search.temperature,
+                "top_p": search.top_p,
+                "critique": policy.critique,
+                **common,
+            }
+            if chosen == "mcts":
+                return cls(
+                    mode="mcts",
+                    rollouts=search.rollouts,
+                    rewrites=search.rewrites_per_expansion,
+                    max_depth=search.max_depth,
+                    **sampled,  # type: ignore[arg-type]
+                )
+            return cls(mode="bon", rollouts=1, rewrites=search.bon_samples, max_depth=1, **sampled)  # type: ignore[arg-type]
+        # the single-rewrite modes: one greedy rewrite, no critique
         return cls(
-            mode=chosen,  # type: ignore[arg-type]
+            mode=chosen,
             rollouts=1,
             rewrites=1,
             temperature=0.0,
@@ -285,7 +266,7 @@ class Tree:
             level=self.task.level,
             category=self.task.category,
             subtype=self.task.subtype,
-            mode=TRAJECTORY_MODE[self.settings.mode],
+            mode=eval_mode_of(self.settings.mode),
             reward_tests=self.settings.reward_tests,
             nodes=self.nodes,
             solved=first is not None,

@@ -21,11 +21,10 @@ from pathlib import Path
 from codeq.config import PolicyConfig
 from codeq.errors import MissingInputError, ModelLoadError
 from codeq.policy.gguf import SMOLLM2_ALIAS, smollm2_gguf_path
-from codeq.policy.source import resolve_model_source
+from codeq.policy.source import require_adapter_dir, resolve_model_source
 from codeq.schemas import AdapterLink, Lineage
 from codeq.store import sha256_of_file
 from codeq.train.merge import merge_adapters
-from codeq.train.model import check_adapter_dir
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def base_lineage(policy: PolicyConfig) -> Lineage:
 
 
 def adapter_sha256(adapter_dir: str | Path) -> str:
-    folder = check_adapter_dir(adapter_dir)
+    folder = require_adapter_dir(adapter_dir)
     weights = folder / ADAPTER_WEIGHTS
     if not weights.is_file():
         raise MissingInputError(

@@ -3,15 +3,18 @@ training load one plain model folder."""
 
 from __future__ import annotations
 
+import logging
 import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import ModelLoadError
-from codeq.train.model import check_adapter_dir, load_causal_lm, load_tokenizer
+from codeq.policy.source import require_adapter_dir
+from codeq.train.model import load_causal_lm, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 def merge_adapters(
@@ -23,8 +26,8 @@ def merge_adapters(
     import torch
     from peft import PeftModel
 
-    folders = [check_adapter_dir(folder) for folder in adapter_dirs]
-    print(f"[merge] {', '.join(map(str, folders))} into {base}", file=sys.stderr, flush=True)
+    folders = [require_adapter_dir(folder) for folder in adapter_dirs]
+    log.info("merging %s into %s", ", ".join(map(str, folders)), base)
     model = load_causal_lm(base, torch.float32)
     for folder in folders:
         try:

@@ -3,23 +3,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from codeq.config import PolicyConfig
-from codeq.errors import MissingInputError
 from codeq.policy.source import announce_load, load_error
-
-
-def check_adapter_dir(adapter_dir: str | Path) -> Path:
-    """The adapter folder must hold a PEFT adapter config; raise MissingInputError otherwise."""
-    path = Path(adapter_dir).expanduser()
-    if not (path / "adapter_config.json").is_file():
-        raise MissingInputError(
-            f"no LoRA adapter at {path} (adapter_config.json missing)",
-            hint="run `codeq train` first and pass its adapter folder",
-        )
-    return path
 
 
 def load_tokenizer(source: str) -> Any:

@@ -1,0 +1,122 @@
+"""The import rule of docs/architecture.md, checked on the source (every import statement,
+including those inside functions): each part of codeq imports only the parts listed for it, so
+a new dependency between parts is a decision made here, not an accident."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FOUNDATION = {"codeq.errors"}
+# what running a search takes: settings, a policy, the sandbox and the tasks' scoring
+SEARCHING = {
+    "codeq.config",
+    "codeq.policy",
+    "codeq.progress",
+    "codeq.sandbox",
+    "codeq.schemas",
+    "codeq.tasks",
+}
+# part -> the other parts it may import. A part is codeq's top-level module or package.
+ALLOWED: dict[str, set[str]] = {
+    "codeq.errors": set(),
+    "codeq.progress": set(),
+    "codeq.config_layers": FOUNDATION,
+    "codeq.config": FOUNDATION | {"codeq.config_layers"},
+    "codeq.schemas": FOUNDATION,
+    "codeq.logs": FOUNDATION,
+    "codeq.shards": FOUNDATION,
+    "codeq.sandbox": FOUNDATION | {"codeq.config"},
+    "codeq.store": FOUNDATION | {"codeq.config", "codeq.logs"},
+    "codeq.policy": FOUNDATION | {"codeq.config", "codeq.logs", "codeq.schemas"},
+    "codeq.tasks": FOUNDATION | {"codeq.config", "codeq.sandbox", "codeq.schemas"},
+    "codeq.report": FOUNDATION | {"codeq.schemas"},
+    "codeq.pairs": FOUNDATION | {"codeq.config", "codeq.policy", "codeq.schemas"},
+    "codeq.train": FOUNDATION
+    | {"codeq.config", "codeq.policy", "codeq.progress", "codeq.schemas", "codeq.store"},
+    "codeq.search": FOUNDATION | SEARCHING | {"codeq.shards", "codeq.train"},
+    "codeq.evaluate": FOUNDATION | SEARCHING | {"codeq.search"},
+    "codeq.promotion": FOUNDATION | {"codeq.config", "codeq.evaluate", "codeq.schemas"},
+}
+LIBRARY = set(ALLOWED)
+# the round against a store, then the two entry points over it
+ALLOWED["codeq.pipeline"] = LIBRARY | {"codeq.pairs"}
+ALLOWED["codeq.commands"] = LIBRARY | {"codeq.pipeline"}
+ALLOWED["codeq.cli"] = {
+    "codeq",
+    "codeq.commands",
+    "codeq.config_layers",
+    "codeq.errors",
+    "codeq.logs",
+}
+ALLOWED["codeq.__main__"] = {"codeq.cli"}
+ALLOWED["codeq"] = set()
+ALLOWED["jobs"] = {
+    "codeq.config",
+    "codeq.errors",
+    "codeq.logs",
+    "codeq.pipeline",
+    "codeq.shards",
+    "codeq.store",
+}
+NEVER = ("jobs", "tests", "bench")  # codeq imports none of these
+
+
+def part_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] in NEVER:
+        return parts[0]
+    if parts[0] != "codeq":
+        return None
+    return "codeq" if len(parts) == 1 else f"codeq.{parts[1]}"
+
+
+def imported_modules(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_each_part_imports_only_what_the_architecture_allows():
+    broken = []
+    for path in sorted([*(ROOT / "codeq").rglob("*.py"), *(ROOT / "jobs").rglob("*.py")]):
+        source = part_of(module_name(path))
+        assert source in ALLOWED, f"{path}: a new part; add it to ALLOWED and the docs"
+        for module in imported_modules(path):
+            target = part_of(module)
+            if target is None or target == source:
+                continue
+            if target not in ALLOWED[source]:
+                broken.append(f"{path.relative_to(ROOT)} imports {module} ({source} -> {target})")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_sandbox_server_is_standard_library_only():
+    """server.py runs as one file inside the jail, where codeq is not installed."""
+    path = ROOT / "codeq" / "sandbox" / "server.py"
+    outside = [
+        module
+        for module in imported_modules(path)
+        if module.split(".")[0] not in sys.stdlib_module_names
+    ]
+    assert not outside, outside
+
+
+def test_the_rule_catches_a_forbidden_import(tmp_path):
+    """The check itself can fail: policy importing search is caught."""
+    assert part_of("codeq.search.mcts") not in ALLOWED["codeq.policy"]
+    assert part_of("jobs._runner") not in ALLOWED["codeq.pipeline"]
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from codeq.search import run_search\n")
+    assert imported_modules(sample) == ["codeq.search"]
