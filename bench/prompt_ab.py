@@ -46,29 +46,28 @@ EXPLAIN_FIRST_INSTRUCTION = (
 )
 
 
+def asking_for_a_diagnosis(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The detailed chat with the explain-first system prompt and instruction in its turns (the
+    model's own answers are left as they are)."""
+    swapped = []
+    for message in messages:
+        if message.role == "system":
+            message = ChatMessage(role="system", content=EXPLAIN_FIRST_SYSTEM)
+        elif message.role == "user":
+            content = message.content.replace(prompts.FIX_INSTRUCTION, EXPLAIN_FIRST_INSTRUCTION)
+            message = ChatMessage(role="user", content=content)
+        swapped.append(message)
+    return swapped
+
+
 def explain_first(task: Task) -> list[ChatMessage]:
-    user = (
-        f"{prompts.problem_text(task)}\n\nBuggy program:\n{prompts.fenced(task.buggy_code)}\n\n"
-        f"{EXPLAIN_FIRST_INSTRUCTION}"
-    )
-    return [
-        ChatMessage(role="system", content=EXPLAIN_FIRST_SYSTEM),
-        ChatMessage(role="user", content=user),
-    ]
+    return asking_for_a_diagnosis(prompts.agent_messages(task))
 
 
 def explain_first_refine(
     task: Task, answer: str, failures: list[prompts.FailedTest]
 ) -> list[ChatMessage]:
-    lines = ["Your program fails these tests:"]
-    for failure in failures:
-        lines.append(f"Input: {failure.call}\nExpected: {failure.expected}\nGot: {failure.got}")
-    lines.append(EXPLAIN_FIRST_INSTRUCTION)
-    return [
-        *explain_first(task),
-        ChatMessage(role="assistant", content=answer),
-        ChatMessage(role="user", content="\n\n".join(lines)),
-    ]
+    return asking_for_a_diagnosis(prompts.refine_messages(task, answer, failures, "detailed"))
 
 
 def styled_refine(style: str) -> Callable[[Task, str, list[prompts.FailedTest]], list[ChatMessage]]:
