@@ -4,7 +4,8 @@ Runs the product's own round (prepare -> collect -> pairs -> train -> evaluate -
 report, against a local store) for `--rounds` chained rounds, each starting from the policy the
 earlier rounds promoted, and evaluates on the same test tasks the base model and every policy a
 round promoted: zero_shot, full_rewrite, MCTS at budgets 1/2/4/8 and best-of-N at the same
-numbers of programs. Decisions (promotion, the learning rate) use the validation split only; the
+numbers of programs (single-pass modes right after each round, the search modes once every
+round has trained). Decisions (promotion, the learning rate) use the validation split only; the
 test split is reported. Every part is resumable (stages keep completion markers, collect keeps
 each finished task): rerun the same command after an interruption and it continues.
 
@@ -33,6 +34,10 @@ sys.path.insert(0, str(REPO))
 QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 DEBUGBENCH = REPO.parent / "shared" / "debugbench"
 TEST_MODES = ["zero_shot", "full_rewrite", "mcts", "bon"]
+# What a round's DPO is meant to change, measured right after the round; the search modes (hours
+# on CPU) follow once every round has trained, so an interrupted curve answers "did DPO help"
+# first. Evaluation resumes a mode it already finished, so the later full pass redoes nothing.
+SINGLE_PASS_MODES = ["zero_shot", "full_rewrite"]
 BASE_RUN = "curve"  # round 0's tasks, trajectories and pairs; each learning rate's run copies them
 
 
@@ -50,7 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train-tasks", type=int, default=100, help="collected per round")
     parser.add_argument(
         "--learning-rates",
-        default="5e-6,1e-4",
+        default="1e-4,5e-6",
         help="LoRA learning rates tried in round 0; the one whose candidate solves the most "
         "validation tasks trains every round (a single value skips the choice)",
     )
@@ -203,18 +208,23 @@ class Curve:
             lambda: STAGE_FUNCTIONS[stage](ctx),
         )
 
-    def test_modes(self, name: str, policy: Any) -> None:
-        """Every test mode for one policy (cached by the policy's lineage id)."""
+    def test_modes(self, name: str, policy: Any, modes: list[str]) -> None:
+        """`modes` for one policy on the test split, saved to <name>-test.json; skipped when that
+        file already holds them for this policy (the lineage id)."""
         from codeq.evaluate import evaluate
         from codeq.pipeline.policies import load_policy
 
         target = self.results / f"{name}-test.json"
         recorded = json.loads(target.read_text()) if target.is_file() else None
-        done = recorded is not None and recorded.get("policy") == policy.model_dump(mode="json")
+        done = (
+            recorded is not None
+            and recorded.get("policy") == policy.model_dump(mode="json")
+            and set(modes) <= set(recorded.get("modes", {}))
+        )
         ctx = self.ctx(0)
         tasks_dir = self.args.out / "work" / "tasks-test"
         config = self.config.model_copy(
-            update={"evaluate": self.config.evaluate.model_copy(update={"modes": TEST_MODES})}
+            update={"evaluate": self.config.evaluate.model_copy(update={"modes": modes})}
         )
 
         def work() -> None:
@@ -229,7 +239,8 @@ class Curve:
             )
             results.save(target)
 
-        self.part(f"test modes of {name}", WEIGHTS["test_modes"], done, work)
+        weight = WEIGHTS["test_modes"] * len(modes) / len(TEST_MODES)
+        self.part(f"test {'+'.join(modes)} of {name}", weight, done, work)
 
     def choose_learning_rate(self) -> str:
         """Round 0 once per learning rate, each as its own run that shares round 0's tasks,
@@ -313,18 +324,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     round_weight = sum(WEIGHTS[stage] for stage in ROUND_STAGES)
     trial_weight = sum(WEIGHTS[stage] for stage in ("train", "evaluate", "promote", "report"))
     curve.total_weight = (
-        WEIGHTS["test_modes"] * (args.rounds + 1)
+        WEIGHTS["test_modes"] * (args.rounds + 1)  # at most one promoted policy a round
         + args.rounds * round_weight
         + (rates - 1) * trial_weight
     )
-    evaluated: dict[str, str] = {}
+    evaluated: dict[str, Any] = {}  # lineage id -> (name, policy), in the order promoted
     for number in range(args.rounds):
         if number == 0:  # 1. the base model's tasks, test modes, trajectories and pairs
             for stage in ("prepare", "collect", "pairs"):
                 if stage == "collect":
                     base = current_policy(curve.ctx(0))
-                    curve.test_modes("base", base)
-                    evaluated[base.id] = "base"
+                    curve.test_modes("base", base, SINGLE_PASS_MODES + ["mcts"])
+                    evaluated[base.id] = ("base", base)
                 curve.stage(0, stage)
             # 2. round 0 trained once per learning rate; validation picks the run to go on with
             curve.run = curve.choose_learning_rate()
@@ -337,16 +348,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for stage in ROUND_STAGES:
                 curve.stage(number, stage)
         promoted = current_policy(curve.ctx(number))
-        if promoted.id not in evaluated:  # 4. every promoted policy on the test modes
-            curve.test_modes(f"round-{number}", promoted)
-            evaluated[promoted.id] = f"round-{number}"
-    summary = summarize(curve, evaluated)
+        if promoted.id not in evaluated:  # 4. every promoted policy, single pass, on test
+            curve.test_modes(f"round-{number}", promoted, SINGLE_PASS_MODES)
+            evaluated[promoted.id] = (f"round-{number}", promoted)
+    for name, policy in evaluated.values():  # 5. then every mode, search included
+        curve.test_modes(name, policy, TEST_MODES)
+    summary = summarize(curve, [name for name, _ in evaluated.values()])
     (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary))
     return summary
 
 
-def summarize(curve: Curve, evaluated: dict[str, str]) -> dict[str, Any]:
+def summarize(curve: Curve, evaluated: list[str]) -> dict[str, Any]:
     """Every number of the curve: per policy and mode the solve rate with its Wilson interval
     and the programs written; per round the decision and the paired test against the previous
     policy on the test split (reported, never used to decide)."""
@@ -355,7 +368,7 @@ def summarize(curve: Curve, evaluated: dict[str, str]) -> dict[str, Any]:
 
     policies = {}
     loaded: dict[str, EvalResults] = {}
-    for name in evaluated.values():
+    for name in evaluated:
         results = EvalResults.load(curve.results / f"{name}-test.json")
         loaded[name] = results
         rows = {mode: results.modes[mode] for mode in results.modes}
@@ -379,7 +392,7 @@ def summarize(curve: Curve, evaluated: dict[str, str]) -> dict[str, Any]:
             },
         }
     rounds = []
-    names = list(evaluated.values())
+    names = list(evaluated)
     for number in range(curve.args.rounds):
         layout = curve.ctx(number).layout
         decision = curve.store.get_json(layout.stage("promote") + "/decision.json")
