@@ -250,6 +250,11 @@ def make_pairs(
         "%d pairs from %d trajectories (dropped: %s)",
         stats["pairs"],
         stats["trajectories"],
-        stats["dropped"],
+        describe_dropped(stats["dropped"]),
     )
     return stats
+
+
+def describe_dropped(dropped: dict[str, int]) -> str:
+    """'3 small_gap, 1 duplicate' (reasons that dropped nothing left out), or 'none'."""
+    return ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n) or "none"

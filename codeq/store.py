@@ -227,6 +227,13 @@ class ArtifactStore(ABC):
         """Remove `prefix/_COMPLETE`: from now on no reader takes the output as complete."""
         self.delete(join_key(prefix, MARKER_NAME))
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key under `prefix/`; returns how many there were."""
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
     def require_complete(self, prefix: str, what: str) -> None:
         if not self.is_complete(prefix):
             raise MissingInputError(

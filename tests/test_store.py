@@ -62,6 +62,14 @@ def test_bytes_files_and_listing_round_trip(store, tmp_path):
         store.get_bytes("a/none")
 
 
+def test_delete_prefix_removes_that_prefix_only(store):
+    for key in ("run/a/one", "run/a/deep/two", "run/ab/kept", "run/b/kept"):
+        store.put_bytes(key, b"x")
+    assert store.delete_prefix("run/a") == 2
+    assert store.list("run") == ["run/ab/kept", "run/b/kept"]
+    assert store.delete_prefix("run/a") == 0
+
+
 def test_dir_round_trip_with_manifest(store, tmp_path):
     files = {"adapter_config.json": b"{}", "nested/weights.bin": os.urandom(4096)}
     source = make_folder(tmp_path / "src", files)

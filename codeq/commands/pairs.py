@@ -33,7 +33,7 @@ def command(
     ),
 ) -> None:
     """Turn trajectories into DPO preference pairs (pairs.jsonl + stats.json)."""
-    from codeq.pairs import make_pairs
+    from codeq.pairs import describe_dropped, make_pairs
 
     config = config_with(
         {
@@ -48,10 +48,10 @@ def command(
     stats = make_pairs(trajectories, folder, config)
     typer.echo(json.dumps({"out": str(folder), **{k: stats[k] for k in ("pairs", "dropped")}}))
     if stats["pairs"] == 0:
-        dropped = ", ".join(f"{n} {reason}" for reason, n in stats["dropped"].items() if n)
         raise StageFailedError(
             f"no preference pairs from {stats['trajectories']} trajectories"
-            f" (dropped: {dropped or 'none'}); `codeq train` would have nothing to learn from",
+            f" (dropped: {describe_dropped(stats['dropped'])}); `codeq train` would have nothing"
+            " to learn from",
             hint="siblings need clearly different values: lower --min-value-gap, or collect "
             "with more --rollouts so trees have siblings",
         )

@@ -106,8 +106,7 @@ def _begin(
     if ctx.force:
         log(f"{stage}: forced; replacing the output at {ctx.store.describe(prefix)}")
         ctx.store.unmark_complete(prefix)
-        for key in ctx.store.list(prefix):
-            ctx.store.delete(key)
+        ctx.store.delete_prefix(prefix)
         run.replacing = True
         return run
     check_recorded(
@@ -285,8 +284,7 @@ def _check_shard_progress(ctx: StageContext, run: StageRun) -> None:
             if not ctx.force:
                 raise
             log(f"{run.stage}: forced; discarding {len(saved)} trajectories of another config")
-            for key in saved:
-                ctx.store.delete(key)
+            ctx.store.delete_prefix(task_prefix)
     ctx.store.put_json(progress_key, {"fingerprint": run.fingerprint.to_json()})
 
 
