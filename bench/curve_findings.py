@@ -25,6 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from codeq.pairs import critique_signal  # noqa: E402
 from codeq.schemas import Trajectory  # noqa: E402
 
 
@@ -52,14 +53,6 @@ def load_mode(folder: Path, mode: str) -> list[Trajectory]:
     return []
 
 
-def rank_auc(positives: list[float], negatives: list[float]) -> float | None:
-    """P(a passing rewrite's critique score > a failing one's), ties half: 0.5 means no signal."""
-    if not positives or not negatives:
-        return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
-    return wins / (len(positives) * len(negatives))
-
-
 def mode_findings(trajectories: list[Trajectory], max_new_tokens: int) -> dict[str, Any]:
     rewrites = [(t, node) for t in trajectories for node in t.nodes[1:]]
     statuses: dict[str, int] = {}
@@ -69,9 +62,7 @@ def mode_findings(trajectories: list[Trajectory], max_new_tokens: int) -> dict[s
         statuses[status] = statuses.get(status, 0) + 1
         unchanged += node.program.strip() == trajectory.nodes[0].program.strip()
         cut_off += "```" not in node.completion.split("```", 1)[-1]
-    scored = [node for _, node in rewrites if node.q_ai is not None and node.verdict]
-    passing = [node.q_ai for node in scored if node.verdict and node.verdict.passed]
-    failing = [node.q_ai for node in scored if node.verdict and not node.verdict.passed]
+    signal = critique_signal(trajectories)
     n = max(len(rewrites), 1)
     return {
         "tasks": len(trajectories),
@@ -83,8 +74,8 @@ def mode_findings(trajectories: list[Trajectory], max_new_tokens: int) -> dict[s
         "completion_tokens_per_task": sum(t.completion_tokens for t in trajectories)
         / max(len(trajectories), 1),
         "seconds_per_task": sum(t.seconds for t in trajectories) / max(len(trajectories), 1),
-        "critique_auc": rank_auc(passing, failing),
-        "critique_scored": len(scored),
+        "critique_auc": signal.auc,
+        "critique_scored": signal.passing + signal.failing,
         "max_new_tokens": max_new_tokens,
     }
 

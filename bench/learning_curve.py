@@ -264,6 +264,34 @@ class Curve:
         )
         return str(best["run"])
 
+    def choose_pairs_alpha(self) -> None:
+        """pairs.alpha for every round, read off round 0's own train trajectories (never the
+        test split): test rewards alone (1.0) when the critique ranks passing rewrites above
+        failing ones at about chance, else the configured blend."""
+        from codeq.pairs import CRITIQUE_SIGNAL_AUC, critique_signal, read_trajectories
+        from codeq.store import RoundLayout
+
+        target = self.results / "pairs-alpha.json"
+        if not target.is_file():
+            folder = self.args.out / "work" / "alpha-trajectories"
+            self.store.get_dir(RoundLayout(BASE_RUN, 0).stage("trajectories/shard-0"), folder)
+            signal = critique_signal(read_trajectories([folder]))
+            alpha = 1.0 if signal.carries_signal is False else self.config.pairs.alpha
+            choice = {
+                "alpha": alpha,
+                "critique_auc": signal.auc,
+                "passing_rewrites": signal.passing,
+                "failing_rewrites": signal.failing,
+                "rule": f"1.0 when the critique AUC on round 0's train rewrites is below "
+                f"{CRITIQUE_SIGNAL_AUC}, else {self.config.pairs.alpha}",
+            }
+            target.write_text(json.dumps(choice, indent=1) + "\n")
+            print(f"[curve] pairs.alpha {alpha}: {signal.describe()}", file=sys.stderr, flush=True)
+        alpha = float(json.loads(target.read_text())["alpha"])
+        self.config = self.config.model_copy(
+            update={"pairs": self.config.pairs.model_copy(update={"alpha": alpha})}
+        )
+
     def copy_round_inputs(self, run: str) -> None:
         """Round 0's tasks, trajectories and pairs of the base run, copied into `run`."""
         from codeq.store import RoundLayout
@@ -336,6 +364,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     base = current_policy(curve.ctx(0))
                     curve.test_modes("base", base, SINGLE_PASS_MODES + ["mcts"])
                     evaluated[base.id] = ("base", base)
+                if stage == "pairs":
+                    curve.choose_pairs_alpha()
                 curve.stage(0, stage)
             # 2. round 0 trained once per learning rate; validation picks the run to go on with
             curve.run = curve.choose_learning_rate()
@@ -401,6 +431,7 @@ def summarize(curve: Curve, evaluated: list[str]) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "round": number,
             "pairs": pairs.get("pairs"),
+            "critique_auc": pairs.get("critique_auc"),
             "learning_rate": (train.get("config") or {}).get("learning_rate"),
             "global_steps": train.get("global_steps"),
             "heldout_reward_accuracy_final": train.get("heldout_reward_accuracy_final"),
@@ -417,6 +448,7 @@ def summarize(curve: Curve, evaluated: list[str]) -> dict[str, Any]:
         rounds.append(entry)
     return {
         "settings": curve_settings(curve.args),
+        "pairs_alpha": json.loads((curve.results / "pairs-alpha.json").read_text()),
         "timings_seconds": curve.timings,
         "policies": policies,
         "rounds": rounds,

@@ -209,7 +209,12 @@ class SearchConfig(Section):
 
 class PairsConfig(Section):
     alpha: float = Field(
-        0.5, ge=0.0, le=1.0, description="Q = alpha * Q_mcts + (1 - alpha) * Q_ai."
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Q = alpha * Q_mcts + (1 - alpha) * Q_ai. The pairs stage records the "
+        "critique's AUC (passing vs failing rewrites) in stats.json and warns when it is below "
+        "0.6: then the critique carries little signal and 1.0 is the honest setting.",
     )
     min_value_gap: float = Field(
         0.1,

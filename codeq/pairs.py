@@ -16,6 +16,7 @@ import ast
 import json
 import logging
 import re
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,49 @@ def pair_statistics(
     }
 
 
+# Below this the critique ranks passing rewrites above failing ones barely better than a coin
+# (0.5): blending it into the values (alpha < 1) mostly adds noise to which siblings pair up.
+CRITIQUE_SIGNAL_AUC = 0.6
+
+
+@dataclass(frozen=True)
+class CritiqueSignal:
+    """How well the self-critique tells rewrites apart: the chance that a rewrite passing its
+    reward tests scored higher than a failing one (ties count half; 0.5 is no signal)."""
+
+    auc: float | None  # None without both a passing and a failing critiqued rewrite
+    passing: int
+    failing: int
+
+    @property
+    def carries_signal(self) -> bool | None:
+        return None if self.auc is None else self.auc >= CRITIQUE_SIGNAL_AUC
+
+    def describe(self) -> str:
+        if self.auc is None:
+            return f"critique AUC unknown ({self.passing} passing, {self.failing} failing)"
+        return f"critique AUC {self.auc:.2f} over {self.passing} passing, {self.failing} failing"
+
+
+def critique_signal(trajectories: Iterable[Trajectory]) -> CritiqueSignal:
+    """The critique's rank AUC over every critiqued, tested rewrite of `trajectories`."""
+    passing: list[float] = []
+    failing: list[float] = []
+    for trajectory in trajectories:
+        for node in trajectory.nodes[1:]:
+            if node.q_ai is None or node.verdict is None:
+                continue
+            (passing if node.verdict.passed else failing).append(node.q_ai)
+    if not passing or not failing:
+        return CritiqueSignal(None, len(passing), len(failing))
+    failing.sort()
+    wins = 0.0
+    for score in passing:  # failing scores below `score` win, equal ones count half
+        below = bisect_left(failing, score)
+        wins += below + 0.5 * (bisect_right(failing, score) - below)
+    return CritiqueSignal(wins / (len(passing) * len(failing)), len(passing), len(failing))
+
+
 def read_trajectories(paths: Sequence[Path]) -> list[Trajectory]:
     """Trajectories from JSONL files, or from every *.jsonl under given folders (shards)."""
     files: list[Path] = []
@@ -243,6 +287,15 @@ def make_pairs(
     policy = common_policy(trajectories)
     pairs, stats = build_pairs(trajectories, config.pairs)
     stats["policy"] = policy.model_dump() if policy is not None else None
+    signal = critique_signal(trajectories)
+    stats["critique_auc"] = signal.auc
+    if config.pairs.alpha < 1.0 and signal.carries_signal is False:
+        log.warning(
+            "%s: the critique barely tells passing rewrites from failing ones, so blending it "
+            "into the values (pairs.alpha=%g) mostly adds noise; consider pairs.alpha=1.0",
+            signal.describe(),
+            config.pairs.alpha,
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "pairs.jsonl", pairs)
     write_json(out_dir / "stats.json", stats)

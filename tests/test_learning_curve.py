@@ -49,6 +49,8 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
             assert entry["learning_rate"] == 1e-3
     choice = json.loads((tmp_path / "curve" / "results" / "learning-rate.json").read_text())
     assert choice["chosen_run"] == "curve-lr0.001"
+    alpha = json.loads((tmp_path / "curve" / "results" / "pairs-alpha.json").read_text())
+    assert alpha["alpha"] in (0.5, 1.0) and "critique" in alpha["rule"]
     assert summary["timings_seconds"]
     assert "| mode | base" in first.stdout
 

@@ -6,8 +6,16 @@ import pytest
 
 from codeq.config import PairsConfig, load_config
 from codeq.errors import BadInputError
-from codeq.pairs import blended_value, build_pairs, make_pairs
-from codeq.schemas import ChatMessage, Node, Pair, Trajectory, read_jsonl, write_jsonl
+from codeq.pairs import blended_value, build_pairs, critique_signal, make_pairs
+from codeq.schemas import (
+    ChatMessage,
+    Node,
+    Pair,
+    Trajectory,
+    Verdict,
+    read_jsonl,
+    write_jsonl,
+)
 
 PROMPT_A = [ChatMessage(role="user", content="fix program A")]
 PROMPT_B = [ChatMessage(role="user", content="fix program B")]
@@ -198,3 +206,45 @@ def test_pairs_record_the_policy_and_refuse_trajectories_of_two_policies(tmp_pat
     write_jsonl(tmp_path / "two.jsonl", [first, mixed])
     with pytest.raises(CorruptInputError, match="2 different policies"):
         make_pairs([tmp_path / "two.jsonl"], tmp_path / "out2", load_config())
+
+
+def with_verdict(node_id: int, passed: bool, q_ai: float | None) -> Node:
+    verdict = Verdict(
+        passed=passed,
+        n_passed=int(passed),
+        n_total=1,
+        status="passed" if passed else "failed",
+        backend="subprocess",
+    )
+    return node(node_id, 0, f"p{node_id}", q_mcts=float(passed), q_ai=q_ai).model_copy(
+        update={"verdict": verdict}
+    )
+
+
+def test_critique_signal_ranks_passing_against_failing_rewrites() -> None:
+    root = node(0, None, "buggy", 0.0)
+    agreeing = trajectory(
+        [root, with_verdict(1, True, 0.9), with_verdict(2, False, 0.2), with_verdict(3, False, 0.9)]
+    )
+    signal = critique_signal([agreeing])
+    assert (signal.passing, signal.failing) == (1, 2)
+    assert signal.auc == pytest.approx(0.75)  # beats 0.2, ties 0.9
+    assert signal.carries_signal is True
+
+    inverted = trajectory(
+        [root, with_verdict(1, True, 0.1), with_verdict(2, False, 0.8), with_verdict(3, True, None)]
+    )
+    assert critique_signal([inverted]).auc == pytest.approx(0.0)
+    assert critique_signal([inverted]).carries_signal is False
+    unknown = critique_signal([trajectory([root, with_verdict(1, False, 0.5)])])
+    assert unknown.auc is None and unknown.carries_signal is None
+
+
+def test_pairs_stats_record_the_critique_auc(tmp_path, caplog) -> None:
+    root = node(0, None, "buggy", 0.0)
+    path = tmp_path / "t.jsonl"
+    write_jsonl(path, [trajectory([root, with_verdict(1, True, 0.2), with_verdict(2, False, 0.7)])])
+    stats = make_pairs([path], tmp_path / "out", load_config(None, {"pairs": {"alpha": 0.5}}))
+    assert stats["critique_auc"] == pytest.approx(0.0)
+    assert json.loads((tmp_path / "out" / "stats.json").read_text())["critique_auc"] == 0.0
+    assert "consider pairs.alpha=1.0" in caplog.text  # blending a critique without signal
