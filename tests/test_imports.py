@@ -5,6 +5,7 @@ a new dependency between parts is a decision made here, not an accident."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -103,14 +104,55 @@ def test_each_part_imports_only_what_the_architecture_allows():
 
 
 def test_the_sandbox_server_is_standard_library_only():
-    """server.py runs as one file inside the jail, where codeq is not installed."""
-    path = ROOT / "codeq" / "sandbox" / "server.py"
-    outside = [
-        module
-        for module in imported_modules(path)
-        if module.split(".")[0] not in sys.stdlib_module_names
-    ]
+    """The server package runs inside the jail, where codeq is not installed: its modules import
+    the standard library and one another (relative imports), nothing else."""
+    modules = sorted((ROOT / "codeq" / "sandbox" / "server").glob("*.py"))
+    assert len(modules) > 3
+    outside = []
+    for path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            sibling = isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level
+                and not (sibling and (path.parent / f"{node.module}.py").is_file())
+            ):
+                outside.append(f"{path.name}: from {'.' * node.level}{node.module}")
+        for module in imported_modules(path):
+            if module.split(".")[0] not in sys.stdlib_module_names:
+                outside.append(f"{path.name}: {module}")
     assert not outside, outside
+
+
+def test_the_server_bundle_runs_alone(tmp_path):
+    """The one file the worker runs in the jail holds every server module and needs nothing but
+    the standard library (a bare interpreter imports all of it, and codeq stays unimported)."""
+    from codeq.sandbox.bundle import PACKAGE_IN_ZIP, write_server_bundle
+
+    bundle = write_server_bundle(tmp_path)
+    names = [path.stem for path in (ROOT / "codeq" / "sandbox" / "server").glob("*.py")]
+    check = (
+        f"import sys; sys.path.insert(0, {str(bundle)!r})\n"
+        + "".join(f"import {PACKAGE_IN_ZIP}.{name}\n" for name in names if name != "__init__")
+        + f"from {PACKAGE_IN_ZIP}.serve import main\n"
+        + "assert not [m for m in sys.modules if m.split('.')[0] == 'codeq'], sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-I", "-B", "-c", check],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    # and run as a program, it reaches the server's own argument handling
+    started = subprocess.run(
+        [sys.executable, "-S", "-I", "-B", str(bundle)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert started.returncode != 0 and "IndexError" in started.stderr, started.stderr
 
 
 def test_the_rule_catches_a_forbidden_import(tmp_path):

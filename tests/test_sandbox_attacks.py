@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from codeq.sandbox import Sandbox
-from codeq.sandbox.server import READY_CHILDREN
+from codeq.sandbox.server.spawner import READY_CHILDREN
 from tests.sandbox_attacks.helpers import (
     BACKENDS,
     assert_still_healthy,

@@ -24,11 +24,11 @@ from typing import Any
 
 from codeq.config import SandboxConfig
 from codeq.errors import BadInputError, SandboxError
+from codeq.sandbox.bundle import write_server_bundle
 from codeq.sandbox.records import CallResult, ExecRequest, ExecResult
 
 log = logging.getLogger(__name__)
 
-SERVER_SOURCE = Path(__file__).with_name("server.py")
 HELLO_TIMEOUT_S = 60.0
 START_ATTEMPTS = 2
 # Host-side backstop above the server's own wall limit (which already kills the program).
@@ -127,7 +127,9 @@ class Worker:
 
     def command(self, server_config: str) -> list[str]:
         python = os.path.realpath(sys.executable)
-        server = [python, "-S", "-I", "-B", str(SERVER_SOURCE), server_config]
+        assert self.scratch is not None
+        bundle = write_server_bundle(self.scratch)
+        server = [python, "-S", "-I", "-B", str(bundle), server_config]
         if self.backend != "gvisor":
             return server
         assert self.runsc is not None

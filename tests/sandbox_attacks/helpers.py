@@ -10,7 +10,7 @@ import pytest
 
 from codeq.config import SandboxConfig
 from codeq.sandbox import ExecRequest, ExecResult, Sandbox
-from codeq.sandbox.server import READY_CHILDREN
+from codeq.sandbox.server.spawner import READY_CHILDREN
 
 RUNNER = """
 def run_call(namespace, call):
