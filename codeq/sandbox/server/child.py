@@ -59,8 +59,6 @@ PRELOADED = [
     "reprlib",
     "weakref",
 ]
-
-
 for _name in PRELOADED:
     with contextlib.suppress(ImportError):
         __import__(_name)

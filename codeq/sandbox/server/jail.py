@@ -10,40 +10,17 @@ import random
 import sys
 
 PR_SET_DUMPABLE = 4
-
-
 PR_SET_CHILD_SUBREAPER = 36
-
-
 PR_SET_NO_NEW_PRIVS = 38
-
-
 CLONE_NEWNS = 0x00020000
-
-
 CLONE_NEWNET = 0x40000000
-
-
 MS_RDONLY = 1
-
-
 MS_NOSUID = 2
-
-
 MS_NODEV = 4
-
-
 MS_REMOUNT = 32
-
-
 MS_BIND = 4096
-
-
 MS_REC = 16384
-
-
 MS_PRIVATE = 1 << 18
-
 
 libc = ctypes.CDLL(None, use_errno=True)
 

@@ -17,6 +17,9 @@ from .link import RunChild, SpawnerLink
 from .protocol import read_frame, write_frame
 from .spawner import READY_CHILDREN, start_spawner
 
+# what of a request the child receives (the limits stay with the server)
+CHILD_KEYS = ("program", "prelude", "runner", "calls")
+
 
 def start_run(request: dict, child: RunChild, limits: dict, link: SpawnerLink) -> Collector:
     """Hand the request to a ready child; its limits count from here."""
@@ -59,9 +62,6 @@ def clean_up(child: RunChild, link: SpawnerLink, wait_for_exit: bool = False) ->
     for fd in (child.result_r, child.out_r, child.err_r):
         os.close(fd)
     link.clean(child.pid, wait_for_exit)
-
-
-CHILD_KEYS = ("program", "prelude", "runner", "calls")
 
 
 def serve(config: dict) -> None:

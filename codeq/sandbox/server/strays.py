@@ -23,8 +23,6 @@ def kill_everything(pid: int, uid: int | None, in_gvisor: bool, keep_uids: set[i
 
 
 KILL_DEADLINE_S = 10.0
-
-
 STOPPED = (b"T", b"t")
 
 
