@@ -86,7 +86,8 @@ class Worker:
         self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         os.chmod(self.scratch, 0o711)  # the program's uid must reach its run dir below
         server_config = self.server_config()
-        command = self.command(json.dumps(server_config))
+        bundle = write_server_bundle(self.scratch)
+        command = self.command(bundle, json.dumps(server_config))
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -125,10 +126,8 @@ class Worker:
             "scratch": "/tmp/codeq-sandbox" if in_gvisor else self.scratch,
         }
 
-    def command(self, server_config: str) -> list[str]:
+    def command(self, bundle: Path, server_config: str) -> list[str]:
         python = os.path.realpath(sys.executable)
-        assert self.scratch is not None
-        bundle = write_server_bundle(self.scratch)
         server = [python, "-S", "-I", "-B", str(bundle), server_config]
         if self.backend != "gvisor":
             return server
