@@ -292,6 +292,16 @@ class Curve:
             update={"pairs": self.config.pairs.model_copy(update={"alpha": alpha})}
         )
 
+    def unpromoted_candidate(self, round_number: int) -> Any:
+        """The adapter a round trained but did not promote (None when it promoted or trained
+        nothing): its effect on the test split is worth reporting even when validation kept
+        it out."""
+        from codeq.promotion import PromotionDecision
+
+        prefix = self.ctx(round_number).layout.stage("promote")
+        decision = PromotionDecision.model_validate(self.store.get_json(prefix + "/decision.json"))
+        return None if decision.promote else decision.candidate
+
     def copy_round_inputs(self, run: str) -> None:
         """Round 0's tasks, trajectories and pairs of the base run, copied into `run`."""
         from codeq.store import RoundLayout
@@ -357,6 +367,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         + (rates - 1) * trial_weight
     )
     evaluated: dict[str, Any] = {}  # lineage id -> (name, policy), in the order promoted
+    candidates: list[str] = []  # rounds whose trained candidate was not promoted
     for number in range(args.rounds):
         if number == 0:  # 1. the base model's tasks, test modes, trajectories and pairs
             for stage in ("prepare", "collect", "pairs"):
@@ -381,24 +392,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if promoted.id not in evaluated:  # 4. every promoted policy, single pass, on test
             curve.test_modes(f"round-{number}", promoted, SINGLE_PASS_MODES)
             evaluated[promoted.id] = (f"round-{number}", promoted)
+        else:  # a candidate validation kept out is measured too: reported, never used
+            candidate = curve.unpromoted_candidate(number)
+            if candidate is not None:
+                curve.test_modes(f"round-{number}-candidate", candidate, SINGLE_PASS_MODES)
+                candidates.append(f"round-{number}-candidate")
     for name, policy in evaluated.values():  # 5. then every mode, search included
         curve.test_modes(name, policy, TEST_MODES)
-    summary = summarize(curve, [name for name, _ in evaluated.values()])
+    summary = summarize(curve, [name for name, _ in evaluated.values()], candidates)
     (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary))
     return summary
 
 
-def summarize(curve: Curve, evaluated: list[str]) -> dict[str, Any]:
+def summarize(curve: Curve, evaluated: list[str], candidates: list[str]) -> dict[str, Any]:
     """Every number of the curve: per policy and mode the solve rate with its Wilson interval
-    and the programs written; per round the decision and the paired test against the previous
-    policy on the test split (reported, never used to decide)."""
+    and the programs written; per round the decision and the paired test on the test split
+    (reported, never used to decide) of the round's policy against the one before it, or, when
+    validation kept its candidate out, of that candidate against the policy it failed to replace."""
     from codeq.evaluate.results import EvalResults
     from codeq.promotion import compare
 
     policies = {}
     loaded: dict[str, EvalResults] = {}
-    for name in evaluated:
+    for name in evaluated + candidates:
         results = EvalResults.load(curve.results / f"{name}-test.json")
         loaded[name] = results
         rows = {mode: results.modes[mode] for mode in results.modes}
@@ -443,7 +460,16 @@ def summarize(curve: Curve, evaluated: list[str]) -> dict[str, Any]:
             previous = loaded[names[names.index(name) - 1]]
             entry["test_vs_previous"] = {
                 mode: compare(mode, loaded[name], previous).model_dump()
-                for mode in ("zero_shot", "full_rewrite")
+                for mode in SINGLE_PASS_MODES
+            }
+        elif f"{name}-candidate" in loaded and decision.get("incumbent"):
+            incumbent = incumbent_name(names, loaded, decision["incumbent"])
+            entry["test_candidate_vs_incumbent"] = {
+                "incumbent": incumbent,
+                **{
+                    mode: compare(mode, loaded[f"{name}-candidate"], loaded[incumbent]).model_dump()
+                    for mode in SINGLE_PASS_MODES
+                },
             }
         rounds.append(entry)
     return {
@@ -453,6 +479,14 @@ def summarize(curve: Curve, evaluated: list[str]) -> dict[str, Any]:
         "policies": policies,
         "rounds": rounds,
     }
+
+
+def incumbent_name(names: list[str], loaded: dict[str, Any], incumbent: dict[str, Any]) -> str:
+    """The evaluated policy a round's candidate was compared with on validation."""
+    from codeq.schemas import Lineage
+
+    wanted = Lineage.model_validate(incumbent).id
+    return next(name for name in names if loaded[name].policy.id == wanted)
 
 
 def table(summary: dict[str, Any]) -> str:

@@ -47,6 +47,12 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
         assert isinstance(entry["promoted"], bool) and entry["reason"]
         if entry["pairs"]:  # a round with pairs trained with the chosen learning rate
             assert entry["learning_rate"] == 1e-3
+        if entry["pairs"] and not entry["promoted"]:  # its candidate is measured on test too
+            paired = entry["test_candidate_vs_incumbent"]
+            assert paired["incumbent"] in summary["policies"]
+            assert {"zero_shot", "full_rewrite"} <= set(paired)
+            candidate = summary["policies"][f"round-{entry['round']}-candidate"]
+            assert candidate["tasks"] == 2 and "mcts" not in candidate["modes"]
     choice = json.loads((tmp_path / "curve" / "results" / "learning-rate.json").read_text())
     assert choice["chosen_run"] == "curve-lr0.001"
     alpha = json.loads((tmp_path / "curve" / "results" / "pairs-alpha.json").read_text())
