@@ -39,6 +39,15 @@ def test_wilson_interval_edges() -> None:
         wilson_interval(3, 2)
 
 
+def test_wilson_interval_contains_the_rate_exactly_at_the_ends() -> None:
+    # 0 of 5 left a lower bound of 2.8e-17 above the rate; the report's error bars refused it
+    for n in range(1, 101):
+        for successes in range(n + 1):
+            low, high = wilson_interval(successes, n)
+            assert 0.0 <= low <= successes / n <= high <= 1.0
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
+
+
 def make_task(task_id: str, level: str, category: str, subtype: str) -> Task:
     return Task(
         task_id=task_id,

@@ -122,6 +122,19 @@ def test_report_renders_json_markdown_and_self_contained_html(tmp_path) -> None:
     assert "http://" not in html and "https://" not in html  # nothing fetched when opened
 
 
+def test_report_draws_intervals_whose_ends_drift_past_the_rate(tmp_path) -> None:
+    # results written before wilson_interval pinned its ends: 0 of n with a lower bound ~1e-17
+    base = results("smollm2", {"a": False, "b": False, "c": False}, None)
+    for entry in base["modes"]["mcts"]["by_category"].values():
+        entry["ci_low"] = entry["solve_rate"] + 2.7755575615628914e-17
+    adapter = results("smollm2", {"a": True, "b": False, "c": False}, "round-0/adapter")
+    write_json(tmp_path / "eval" / "results.json", adapter)
+    index = render_report(tmp_path / "report", results=tmp_path / "eval", base_results=base)
+    parser = ImageCollector()
+    parser.feed(index.read_text())
+    assert len(parser.images) == 4  # mode, category, level, rollout ablation
+
+
 def test_report_inputs_are_checked(tmp_path) -> None:
     with pytest.raises(BadInputError, match="nothing to report"):
         render_report(tmp_path / "r")

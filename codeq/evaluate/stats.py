@@ -24,7 +24,11 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     denominator = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half_width = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half_width), min(1.0, centre + half_width)
+    # At 0 or n successes the bound is exactly 0 or 1; the subtraction leaves ~1e-17 (a rate
+    # below its own lower bound, which matplotlib's error bars refuse).
+    low = 0.0 if successes == 0 else max(0.0, centre - half_width)
+    high = 1.0 if successes == n else min(1.0, centre + half_width)
+    return low, high
 
 
 def rate(solved: int, n: int, confidence: float) -> dict[str, Any]:

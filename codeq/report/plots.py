@@ -41,8 +41,10 @@ def solve_rate_bars(groups: dict[str, dict[str, dict[str, Any]]], title: str) ->
             entry = stats[label]
             xs.append(position + (index - (len(groups) - 1) / 2) * width)
             ys.append(entry["solve_rate"])
-            lows.append(entry["solve_rate"] - entry["ci_low"])
-            highs.append(entry["ci_high"] - entry["solve_rate"])
+            # results written before wilson_interval pinned its ends hold bounds ~1e-17 past
+            # the rate; matplotlib refuses a negative error bar
+            lows.append(max(0.0, entry["solve_rate"] - entry["ci_low"]))
+            highs.append(max(0.0, entry["ci_high"] - entry["solve_rate"]))
         ax.bar(
             xs,
             ys,
