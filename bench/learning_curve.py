@@ -14,15 +14,24 @@ each finished task): rerun the same command after an interruption and it continu
     # the tiny version the test suite runs (SmolLM2, builtin tasks): about a minute
     python bench/learning_curve.py --tiny --out /tmp/curve-tiny --results /tmp/curve-tiny/results
 
-Results: `<results>/summary.json` (every number below, with the settings and timings) and
-`<results>/<policy>-test.json` (each evaluated policy's full results, per task); the table is
-printed at the end and is what docs/results.md shows.
+Results (small JSON files, committed as each part finishes): `<results>/<policy>-test.json`
+(each evaluated policy's full results, per task), `round-N.json` (each finished round's pairs,
+training and validation decision), `learning-rate.json`, `pairs-alpha.json`, `timings.json`, and
+`summary.json` with every number (rewritten after each round); the table is printed at the end
+and is what docs/results.md shows. The store (trajectories, adapters) stays on the machine; on
+another one the curve reruns its stages but keeps what the results already decided (the
+learning rate: only the chosen run trains again) and measured (a test evaluation of the same
+policy is not redone).
+
+    # the summary and the table from a clone's result files alone
+    python bench/learning_curve.py --summary-only --results docs/results/learning-curve
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,12 +64,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train-tasks", type=int, default=100, help="collected per round")
     parser.add_argument(
         "--learning-rates",
-        default="1e-4,5e-6",
-        help="LoRA learning rates tried in round 0; the one whose candidate solves the most "
-        "validation tasks trains every round (a single value skips the choice)",
+        default="1e-4",
+        help="LoRA learning rates tried in round 0 (comma-separated); the one whose candidate "
+        "solves the most validation tasks trains every round (a single value skips the "
+        "choice). 1e-4 promoted on validation in the curve of docs/results.md; 5e-6, the "
+        "config's default, moves a LoRA 20 times less in round 0's 6 steps",
     )
     parser.add_argument("--seed", type=int, default=0, help="search seed")
     parser.add_argument("--tiny", action="store_true", help="SmolLM2 and builtin tasks, minutes")
+    parser.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="rebuild summary.json and the table from the result files alone (no model, no store)",
+    )
     return parser.parse_args()
 
 
@@ -246,23 +262,40 @@ class Curve:
         """Round 0 once per learning rate, each as its own run that shares round 0's tasks,
         trajectories and pairs (copied in the store) and trains, evaluates, promotes and
         reports for real. The run whose candidate solves the most validation tasks carries
-        the curve on (ties: the smaller rate). Returns that run's name."""
+        the curve on (ties: the smaller rate). Returns that run's name.
+
+        A choice already recorded in the results (learning-rate.json, committed with them) for
+        the same rates is kept: on another machine only the chosen run trains again."""
         rates = [float(rate) for rate in self.args.learning_rates.split(",")]
-        trials = []
-        for rate in rates:
-            run = f"{BASE_RUN}-lr{rate:g}"
-            self.copy_round_inputs(run)
-            config = self.config.model_copy(
-                update={"train": self.config.train.model_copy(update={"learning_rate": rate})}
+        target = self.results / "learning-rate.json"
+        recorded = json.loads(target.read_text()) if target.is_file() else None
+        if recorded and sorted(t["learning_rate"] for t in recorded["trials"]) == sorted(rates):
+            chosen = next(t for t in recorded["trials"] if t["run"] == recorded["chosen_run"])
+            print(
+                f"[curve] learning rate {chosen['learning_rate']:g}: chosen earlier "
+                f"({target.name}); only its run trains",
+                file=sys.stderr,
+                flush=True,
             )
-            for stage in ("train", "evaluate", "promote", "report"):
-                self.stage(0, stage, run=run, config=config)
-            trials.append(self.trial_summary(run, rate))
+            self.trial(chosen["learning_rate"])
+            return str(recorded["chosen_run"])
+        trials = [self.trial(rate) for rate in rates]
         best = max(trials, key=lambda trial: (trial["validation_solved"], -trial["learning_rate"]))
-        (self.results / "learning-rate.json").write_text(
+        target.write_text(
             json.dumps({"chosen_run": best["run"], "trials": trials}, indent=1) + "\n"
         )
         return str(best["run"])
+
+    def trial(self, rate: float) -> dict[str, Any]:
+        """Round 0 trained, evaluated, promoted and reported with one learning rate."""
+        run = f"{BASE_RUN}-lr{rate:g}"
+        self.copy_round_inputs(run)
+        config = self.config.model_copy(
+            update={"train": self.config.train.model_copy(update={"learning_rate": rate})}
+        )
+        for stage in ("train", "evaluate", "promote", "report"):
+            self.stage(0, stage, run=run, config=config)
+        return self.trial_summary(run, rate)
 
     def choose_pairs_alpha(self) -> None:
         """pairs.alpha for every round, read off round 0's own train trajectories (never the
@@ -301,6 +334,31 @@ class Curve:
         prefix = self.ctx(round_number).layout.stage("promote")
         decision = PromotionDecision.model_validate(self.store.get_json(prefix + "/decision.json"))
         return None if decision.promote else decision.candidate
+
+    def record_round(self, number: int, tested: str | None, candidate: str | None) -> None:
+        """round-N.json in the results: what the round did (pairs, training, the decision on
+        validation) and the names of its test evaluations, read from the store while it is here."""
+        layout = self.ctx(number).layout
+        decision = self.store.get_json(layout.stage("promote") + "/decision.json")
+        train = self.store.get_json(layout.stage("adapter") + "/metrics.json")
+        pairs = self.store.get_json(layout.stage("pairs") + "/stats.json")
+        entry = {
+            "round": number,
+            "run": layout.run,
+            "pairs": pairs.get("pairs"),
+            "critique_auc": pairs.get("critique_auc"),
+            "learning_rate": (train.get("config") or {}).get("learning_rate"),
+            "global_steps": train.get("global_steps"),
+            "heldout_reward_accuracy_final": train.get("heldout_reward_accuracy_final"),
+            "promoted": decision["promote"],
+            "reason": decision["reason"],
+            "validation": decision.get("comparisons", []),
+            "incumbent": decision.get("incumbent"),
+            "test_policy": tested,
+            "test_candidate": candidate,
+        }
+        target = self.results / f"round-{number}.json"
+        target.write_text(json.dumps(entry, indent=1) + "\n")
 
     def copy_round_inputs(self, run: str) -> None:
         """Round 0's tasks, trajectories and pairs of the base run, copied into `run`."""
@@ -367,7 +425,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         + (rates - 1) * trial_weight
     )
     evaluated: dict[str, Any] = {}  # lineage id -> (name, policy), in the order promoted
-    candidates: list[str] = []  # rounds whose trained candidate was not promoted
     for number in range(args.rounds):
         if number == 0:  # 1. the base model's tasks, test modes, trajectories and pairs
             for stage in ("prepare", "collect", "pairs"):
@@ -389,95 +446,101 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for stage in ROUND_STAGES:
                 curve.stage(number, stage)
         promoted = current_policy(curve.ctx(number))
+        tested, candidate_tested = None, None
         if promoted.id not in evaluated:  # 4. every promoted policy, single pass, on test
-            curve.test_modes(f"round-{number}", promoted, SINGLE_PASS_MODES)
-            evaluated[promoted.id] = (f"round-{number}", promoted)
+            tested = f"round-{number}"
+            curve.test_modes(tested, promoted, SINGLE_PASS_MODES)
+            evaluated[promoted.id] = (tested, promoted)
         else:  # a candidate validation kept out is measured too: reported, never used
             candidate = curve.unpromoted_candidate(number)
             if candidate is not None:
-                curve.test_modes(f"round-{number}-candidate", candidate, SINGLE_PASS_MODES)
-                candidates.append(f"round-{number}-candidate")
-    for name, policy in evaluated.values():  # 5. then every mode, search included
+                candidate_tested = f"round-{number}-candidate"
+                curve.test_modes(candidate_tested, candidate, SINGLE_PASS_MODES)
+        curve.record_round(number, tested, candidate_tested)
+        write_summary(args)  # 5. the curve so far, from the result files alone
+    for name, policy in evaluated.values():  # 6. then every mode, search included
         curve.test_modes(name, policy, TEST_MODES)
-    summary = summarize(curve, [name for name, _ in evaluated.values()], candidates)
-    (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = write_summary(args)
     print(table(summary))
     return summary
 
 
-def summarize(curve: Curve, evaluated: list[str], candidates: list[str]) -> dict[str, Any]:
-    """Every number of the curve: per policy and mode the solve rate with its Wilson interval
-    and the programs written; per round the decision and the paired test on the test split
-    (reported, never used to decide) of the round's policy against the one before it, or, when
-    validation kept its candidate out, of that candidate against the policy it failed to replace."""
+def write_summary(args: argparse.Namespace) -> dict[str, Any]:
+    summary = summarize(args.results, curve_settings(args))
+    (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def summarize(results: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Every number of the curve, read from the result files alone (no store, no model), so
+    that a clone of the repository holds the curve so far: per policy and mode the solve rate
+    with its Wilson interval and the programs written; per finished round (round-N.json) the
+    decision and the paired test on the test split (reported, never used to decide) of the
+    round's policy against the one before it, or, when validation kept its candidate out, of
+    that candidate against the policy it failed to replace."""
     from codeq.evaluate.results import EvalResults
     from codeq.promotion import compare
 
-    policies = {}
-    loaded: dict[str, EvalResults] = {}
-    for name in evaluated + candidates:
-        results = EvalResults.load(curve.results / f"{name}-test.json")
-        loaded[name] = results
-        rows = {mode: results.modes[mode] for mode in results.modes}
-        rows.update({f"mcts@{b}": r for b, r in results.mcts_rollout_ablation.items()})
-        rows.update({f"bon@{n}": r for n, r in results.bon_ablation.items()})
-        policies[name] = {
-            "lineage": results.policy.describe() if results.policy else None,
-            "tasks": len(results.task_ids),
-            "modes": {
-                key: {
-                    "solved": row.solved,
-                    "n": row.n,
-                    "solve_rate": row.solve_rate,
-                    "ci_low": row.ci_low,
-                    "ci_high": row.ci_high,
-                    "programs": row.programs,
-                    "completion_tokens": row.completion_tokens,
-                    "seconds": row.seconds,
-                }
-                for key, row in rows.items()
-            },
-        }
-    rounds = []
-    names = list(evaluated)
-    for number in range(curve.args.rounds):
-        layout = curve.ctx(number).layout
-        decision = curve.store.get_json(layout.stage("promote") + "/decision.json")
-        train = curve.store.get_json(layout.stage("adapter") + "/metrics.json")
-        pairs = curve.store.get_json(layout.stage("pairs") + "/stats.json")
-        entry: dict[str, Any] = {
-            "round": number,
-            "pairs": pairs.get("pairs"),
-            "critique_auc": pairs.get("critique_auc"),
-            "learning_rate": (train.get("config") or {}).get("learning_rate"),
-            "global_steps": train.get("global_steps"),
-            "heldout_reward_accuracy_final": train.get("heldout_reward_accuracy_final"),
-            "promoted": decision["promote"],
-            "reason": decision["reason"],
-        }
-        name = f"round-{number}"
-        if name in loaded:
-            previous = loaded[names[names.index(name) - 1]]
+    numbered = {
+        int(match.group(1)): path
+        for path in results.glob("round-*.json")
+        if (match := re.fullmatch(r"round-(\d+)", path.stem))
+    }
+    rounds = [json.loads(numbered[number].read_text()) for number in sorted(numbered)]
+    evaluated = ["base"] + [entry["test_policy"] for entry in rounds if entry["test_policy"]]
+    candidates = [entry["test_candidate"] for entry in rounds if entry["test_candidate"]]
+    loaded = {
+        name: EvalResults.load(results / f"{name}-test.json") for name in evaluated + candidates
+    }
+    for entry in rounds:
+        name, candidate = entry["test_policy"], entry["test_candidate"]
+        if name:
+            previous = loaded[evaluated[evaluated.index(name) - 1]]
             entry["test_vs_previous"] = {
                 mode: compare(mode, loaded[name], previous).model_dump()
                 for mode in SINGLE_PASS_MODES
             }
-        elif f"{name}-candidate" in loaded and decision.get("incumbent"):
-            incumbent = incumbent_name(names, loaded, decision["incumbent"])
+        elif candidate:
+            incumbent = incumbent_name(evaluated, loaded, entry["incumbent"])
             entry["test_candidate_vs_incumbent"] = {
                 "incumbent": incumbent,
                 **{
-                    mode: compare(mode, loaded[f"{name}-candidate"], loaded[incumbent]).model_dump()
+                    mode: compare(mode, loaded[candidate], loaded[incumbent]).model_dump()
                     for mode in SINGLE_PASS_MODES
                 },
             }
-        rounds.append(entry)
+    timings = results / "timings.json"
     return {
-        "settings": curve_settings(curve.args),
-        "pairs_alpha": json.loads((curve.results / "pairs-alpha.json").read_text()),
-        "timings_seconds": curve.timings,
-        "policies": policies,
+        "settings": settings,
+        "pairs_alpha": json.loads((results / "pairs-alpha.json").read_text())
+        if (results / "pairs-alpha.json").is_file()
+        else None,
+        "timings_seconds": json.loads(timings.read_text()) if timings.is_file() else {},
+        "policies": {name: policy_rows(results) for name, results in loaded.items()},
         "rounds": rounds,
+    }
+
+
+def policy_rows(results: Any) -> dict[str, Any]:
+    rows = {mode: results.modes[mode] for mode in results.modes}
+    rows.update({f"mcts@{b}": r for b, r in results.mcts_rollout_ablation.items()})
+    rows.update({f"bon@{n}": r for n, r in results.bon_ablation.items()})
+    return {
+        "lineage": results.policy.describe() if results.policy else None,
+        "tasks": len(results.task_ids),
+        "modes": {
+            key: {
+                "solved": row.solved,
+                "n": row.n,
+                "solve_rate": row.solve_rate,
+                "ci_low": row.ci_low,
+                "ci_high": row.ci_high,
+                "programs": row.programs,
+                "completion_tokens": row.completion_tokens,
+                "seconds": row.seconds,
+            }
+            for key, row in rows.items()
+        },
     }
 
 
@@ -514,6 +577,9 @@ def main() -> None:
         args.source = "builtin"
         args.test_tasks, args.validation_tasks, args.train_tasks = 2, 2, 3
         args.rounds = min(args.rounds, 2)
+    if args.summary_only:
+        print(table(write_summary(args)))
+        return
     run(args)
 
 

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_curve(out: Path) -> subprocess.CompletedProcess:
+def run_curve(out: Path, results: Path | None = None) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         str(REPO / "bench" / "learning_curve.py"),
@@ -22,11 +22,11 @@ def run_curve(out: Path) -> subprocess.CompletedProcess:
         "--rounds",
         "2",
         "--learning-rates",
-        "1e-3",
+        "1e-3,1e-4",
         "--out",
         str(out),
         "--results",
-        str(out / "results"),
+        str(results or out / "results"),
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=3000, cwd=REPO)
 
@@ -43,18 +43,22 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     for row in base["modes"].values():
         assert 0.0 <= row["ci_low"] <= row["solve_rate"] <= row["ci_high"] <= 1.0
     assert [entry["round"] for entry in summary["rounds"]] == [0, 1]
+    choice = json.loads((tmp_path / "curve" / "results" / "learning-rate.json").read_text())
+    assert [trial["learning_rate"] for trial in choice["trials"]] == [1e-3, 1e-4]
+    chosen = choice["chosen_run"]
+    rate = next(t["learning_rate"] for t in choice["trials"] if t["run"] == chosen)
+    assert {entry["run"] for entry in summary["rounds"]} == {chosen}
     for entry in summary["rounds"]:
         assert isinstance(entry["promoted"], bool) and entry["reason"]
         if entry["pairs"]:  # a round with pairs trained with the chosen learning rate
-            assert entry["learning_rate"] == 1e-3
+            assert entry["learning_rate"] == rate
         if entry["pairs"] and not entry["promoted"]:  # its candidate is measured on test too
             paired = entry["test_candidate_vs_incumbent"]
             assert paired["incumbent"] in summary["policies"]
             assert {"zero_shot", "full_rewrite"} <= set(paired)
             candidate = summary["policies"][f"round-{entry['round']}-candidate"]
             assert candidate["tasks"] == 2 and "mcts" not in candidate["modes"]
-    choice = json.loads((tmp_path / "curve" / "results" / "learning-rate.json").read_text())
-    assert choice["chosen_run"] == "curve-lr0.001"
+    assert chosen in ("curve-lr0.001", "curve-lr0.0001")
     alpha = json.loads((tmp_path / "curve" / "results" / "pairs-alpha.json").read_text())
     assert alpha["alpha"] in (0.5, 1.0) and "critique" in alpha["rule"]
     assert summary["timings_seconds"]
@@ -65,6 +69,29 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     assert "starting" not in "".join(
         line for line in again.stderr.splitlines() if line.startswith("[curve]")
     )
+
+    # the result files alone (what git holds) rebuild the same summary
+    results = tmp_path / "curve" / "results"
+    rebuilt = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--tiny", "--summary-only"]
+        + ["--results", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert json.loads((results / "summary.json").read_text()) == summary
+    assert "| mode | base" in rebuilt.stdout
+
+    # another machine: a fresh store, the same result files; the recorded learning rate is kept
+    # (the other trial's run never starts) and the base model's test evaluation is not redone
+    elsewhere = run_curve(tmp_path / "elsewhere", results=results)
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    started = [line for line in elsewhere.stderr.splitlines() if "starting" in line]
+    (other,) = {"curve-lr0.001", "curve-lr0.0001"} - {chosen}
+    assert not [line for line in started if f"{other} " in line or "of base" in line]
+    assert any(f"{chosen} round 0 train" in line for line in started)
 
     # what the searches show, read from the same run's trajectories and scored again
     findings = subprocess.run(
