@@ -445,7 +445,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:  # 3. later rounds chain from what the run promoted so far
             for stage in ROUND_STAGES:
                 curve.stage(number, stage)
-        promoted = current_policy(curve.ctx(number))
+        promoted = current_policy(curve.ctx(number + 1))  # what rounds <= number promoted
         tested, candidate_tested = None, None
         if promoted.id not in evaluated:  # 4. every promoted policy, single pass, on test
             tested = f"round-{number}"

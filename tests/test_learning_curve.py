@@ -52,6 +52,9 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
         assert isinstance(entry["promoted"], bool) and entry["reason"]
         if entry["pairs"]:  # a round with pairs trained with the chosen learning rate
             assert entry["learning_rate"] == rate
+        if entry["promoted"]:  # its new policy is measured on test under its own name
+            assert entry["test_policy"] == f"round-{entry['round']}"
+            assert summary["policies"][entry["test_policy"]]["lineage"] != base["lineage"]
         if entry["pairs"] and not entry["promoted"]:  # its candidate is measured on test too
             paired = entry["test_candidate_vs_incumbent"]
             assert paired["incumbent"] in summary["policies"]
