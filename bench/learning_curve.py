@@ -577,10 +577,16 @@ def main() -> None:
         args.source = "builtin"
         args.test_tasks, args.validation_tasks, args.train_tasks = 2, 2, 3
         args.rounds = min(args.rounds, 2)
-    if args.summary_only:
-        print(table(write_summary(args)))
-        return
-    run(args)
+    from codeq.errors import CodeQError
+    from codeq.logs import report_error
+
+    try:
+        if args.summary_only:
+            print(table(write_summary(args)))
+            return
+        run(args)
+    except CodeQError as exc:  # one error: line and a hint, as the CLI prints them
+        sys.exit(report_error(exc, traceback=False))
 
 
 if __name__ == "__main__":
