@@ -9,7 +9,7 @@ import torch
 from codeq.config import PolicyConfig
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy import GenerationRequest, PolicyEngine, resolve_dtype, resolve_quantization
-from codeq.policy.critique import parse_score, q_ai_from
+from codeq.policy.critique import SCORE_PREFIX, parse_score, q_ai_from
 from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.policy.stopping import (
     StopCondition,
@@ -174,6 +174,7 @@ def test_prefix_cache_reads_only_new_tokens_and_changes_no_output(tiny_model_dir
 
 def test_fence_and_score_helpers():
     assert gives_score("I think so.\nScore: 7/10\n") and not gives_score("Score: 7")
+    assert not gives_score("Score: 0.8125") and gives_score("Score: 99.99999")
     assert closes_code_block("Sure:\n```python\nx = 1\n```")
     assert not closes_code_block("```python\nx = 1\n")
     assert cut_after_code_block("```\na\n``` trailing words") == "```\na\n```"
@@ -292,5 +293,6 @@ def test_smollm2_stops_at_the_code_block_and_the_score_line(smollm2_dir):
     read = engine.stats.prefilled_tokens - before
     new_turn = score.prompt_tokens - code.prompt_tokens - code.completion_tokens[0]
     assert read <= new_turn + 4
-    assert score.texts[0].endswith("\n") and score.completion_tokens[0] < 40
+    # done at the end of its line, or (greedy SmolLM2 on some CPUs) once its number runs away
+    assert gives_score(SCORE_PREFIX + score.texts[0]) and score.completion_tokens[0] < 20
     assert parse_score("Score: " + score.texts[0]) is not None

@@ -10,6 +10,9 @@ FENCE = "```"
 StopKind = Literal["code", "score", "none"]
 # 'score': a critique is done at the end of the line that gives its score ("Score: 7/10").
 _SCORE_LINE = re.compile(r"score\W{0,3}\d+(?:\.\d+)?(?:\s*(?:/|out of)\s*\d+)?[^\n]*\n", re.I)
+# ... or once its number runs past any score's length: a small model's greedy critique can write
+# '99.99999…' to the token budget (SmolLM2 on an AVX-512 CPU); what it wrote is read as it is.
+_RUNAWAY_SCORE = re.compile(r"score\W{0,3}[\d.]{8}", re.I)
 
 
 class StopCondition:
@@ -49,8 +52,9 @@ def closes_code_block(text: str) -> bool:
 
 
 def gives_score(text: str) -> bool:
-    """A full line holding a score such as 'Score: 7/10' has been written."""
-    return _SCORE_LINE.search(text) is not None
+    """A full line holding a score such as 'Score: 7/10' has been written, or a score whose
+    number will not end."""
+    return _SCORE_LINE.search(text) is not None or _RUNAWAY_SCORE.search(text) is not None
 
 
 def cut_after_code_block(text: str) -> str:
