@@ -466,7 +466,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_summary(args: argparse.Namespace) -> dict[str, Any]:
-    summary = summarize(args.results, curve_settings(args))
+    # the store's location is this machine's, not a setting of the experiment
+    settings = {key: value for key, value in curve_settings(args).items() if key != "store"}
+    summary = summarize(args.results, settings)
     (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
