@@ -156,9 +156,7 @@ class Curve:
         self.engines: dict[str, Any] = {}
         self.context = StageContext
         self.state_path = self.results / "timings.json"
-        self.timings: dict[str, float] = (
-            json.loads(self.state_path.read_text()) if self.state_path.is_file() else {}
-        )
+        self.timings: dict[str, float] = read_json_or(self.state_path, {})
         self.started = time.perf_counter()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -231,7 +229,7 @@ class Curve:
         from codeq.pipeline.policies import load_policy
 
         target = self.results / f"{name}-test.json"
-        recorded = json.loads(target.read_text()) if target.is_file() else None
+        recorded = read_json_or(target, None)
         done = (
             recorded is not None
             and recorded.get("policy") == policy.model_dump(mode="json")
@@ -268,7 +266,7 @@ class Curve:
         the same rates is kept: on another machine only the chosen run trains again."""
         rates = [float(rate) for rate in self.args.learning_rates.split(",")]
         target = self.results / "learning-rate.json"
-        recorded = json.loads(target.read_text()) if target.is_file() else None
+        recorded = read_json_or(target, None)
         if recorded and sorted(t["learning_rate"] for t in recorded["trials"]) == sorted(rates):
             chosen = next(t for t in recorded["trials"] if t["run"] == recorded["chosen_run"])
             print(
@@ -511,25 +509,27 @@ def summarize(results: Path, settings: dict[str, Any]) -> dict[str, Any]:
                     for mode in SINGLE_PASS_MODES
                 },
             }
-    timings = results / "timings.json"
     return {
         "settings": settings,
-        "pairs_alpha": json.loads((results / "pairs-alpha.json").read_text())
-        if (results / "pairs-alpha.json").is_file()
-        else None,
-        "timings_seconds": json.loads(timings.read_text()) if timings.is_file() else {},
-        "policies": {name: policy_rows(results) for name, results in loaded.items()},
+        "pairs_alpha": read_json_or(results / "pairs-alpha.json", None),
+        "timings_seconds": read_json_or(results / "timings.json", {}),
+        "policies": {name: policy_rows(evaluation) for name, evaluation in loaded.items()},
         "rounds": rounds,
     }
 
 
-def policy_rows(results: Any) -> dict[str, Any]:
-    rows = {mode: results.modes[mode] for mode in results.modes}
-    rows.update({f"mcts@{b}": r for b, r in results.mcts_rollout_ablation.items()})
-    rows.update({f"bon@{n}": r for n, r in results.bon_ablation.items()})
+def read_json_or(path: Path, default: Any) -> Any:
+    """A result file's content, or `default` when the curve has not written it yet."""
+    return json.loads(path.read_text()) if path.is_file() else default
+
+
+def policy_rows(evaluation: Any) -> dict[str, Any]:
+    rows = {mode: evaluation.modes[mode] for mode in evaluation.modes}
+    rows.update({f"mcts@{b}": r for b, r in evaluation.mcts_rollout_ablation.items()})
+    rows.update({f"bon@{n}": r for n, r in evaluation.bon_ablation.items()})
     return {
-        "lineage": results.policy.describe() if results.policy else None,
-        "tasks": len(results.task_ids),
+        "lineage": evaluation.policy.describe() if evaluation.policy else None,
+        "tasks": len(evaluation.task_ids),
         "modes": {
             key: {
                 "solved": row.solved,
