@@ -42,10 +42,11 @@ sys.path.insert(0, str(REPO))
 
 QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 DEBUGBENCH = REPO.parent / "shared" / "debugbench"
-TEST_MODES = ["zero_shot", "full_rewrite", "mcts", "bon"]
+# bon before mcts: when a session ends mid-way, the cheaper comparison is the one finished
+TEST_MODES = ["zero_shot", "full_rewrite", "bon", "mcts"]
 # What a round's DPO is meant to change, measured right after the round; the search modes (hours
 # on CPU) follow once every round has trained, so an interrupted curve answers "did DPO help"
-# first. Evaluation resumes a mode it already finished, so the later full pass redoes nothing.
+# first. The later full pass evaluates only the modes a policy's result file lacks.
 SINGLE_PASS_MODES = ["zero_shot", "full_rewrite"]
 BASE_RUN = "curve"  # round 0's tasks, trajectories and pairs; each learning rate's run copies them
 
@@ -223,22 +224,21 @@ class Curve:
         )
 
     def test_modes(self, name: str, policy: Any, modes: list[str]) -> None:
-        """`modes` for one policy on the test split, saved to <name>-test.json; skipped when that
-        file already holds them for this policy (the lineage id)."""
-        from codeq.evaluate import evaluate
+        """`modes` for one policy on the test split, saved to <name>-test.json. The modes that
+        file already holds for this policy (the lineage id) are kept, on any machine: only the
+        missing ones are evaluated and added to it."""
+        from codeq.evaluate import EvalResults, evaluate
         from codeq.pipeline.policies import load_policy
 
         target = self.results / f"{name}-test.json"
-        recorded = read_json_or(target, None)
-        done = (
-            recorded is not None
-            and recorded.get("policy") == policy.model_dump(mode="json")
-            and set(modes) <= set(recorded.get("modes", {}))
-        )
+        recorded = EvalResults.load(target) if target.is_file() else None
+        if recorded is not None and recorded.policy != policy:
+            recorded = None  # another policy under this name (a retrained adapter): redo all
+        missing = [mode for mode in modes if recorded is None or mode not in recorded.modes]
         ctx = self.ctx(0)
         tasks_dir = self.args.out / "work" / "tasks-test"
         config = self.config.model_copy(
-            update={"evaluate": self.config.evaluate.model_copy(update={"modes": modes})}
+            update={"evaluate": self.config.evaluate.model_copy(update={"modes": missing})}
         )
 
         def work() -> None:
@@ -251,10 +251,13 @@ class Curve:
                 engine=load_policy(ctx, policy),
                 policy=policy,
             )
+            if recorded is not None:
+                results = recorded.with_modes_of(results)
             results.save(target)
 
         weight = WEIGHTS["test_modes"] * len(modes) / len(TEST_MODES)
-        self.part(f"test {'+'.join(modes)} of {name}", weight, done, work)
+        described = "+".join(missing or modes)
+        self.part(f"test {described} of {name}", weight, not missing, work)
 
     def choose_learning_rate(self) -> str:
         """Round 0 once per learning rate, each as its own run that shares round 0's tasks,

@@ -3,6 +3,7 @@ promotion and the report read back (one shape, parsed in one place)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,11 @@ from codeq.schemas import Lineage
 
 Split = Literal["validation", "test"]
 SCORED_ON = "visible+hidden"
+
+
+def primary_mode(modes: Sequence[str]) -> str:
+    """The mode an evaluation is judged by: MCTS when it ran, else the first mode."""
+    return "mcts" if "mcts" in modes else modes[0]
 
 
 class Rate(BaseModel):
@@ -75,6 +81,28 @@ class EvalResults(BaseModel):
 
     def primary(self) -> ModeResult:
         return self.modes[self.primary_mode]
+
+    def with_modes_of(self, later: EvalResults) -> EvalResults:
+        """These results plus the modes `later` measured: the same policy evaluated again on the
+        same tasks for modes these lack (search modes after single-pass ones, maybe in another
+        session), so that nothing measured is measured twice. A mode both hold keeps `later`'s."""
+        compared = ["policy", "split", "task_ids", "seed", "confidence"]
+        if self.policy is None or later.policy is None:
+            compared += ["model", "adapter"]
+        differ = [name for name in compared if getattr(self, name) != getattr(later, name)]
+        if differ:
+            raise CorruptInputError(
+                f"cannot add one evaluation's modes to another's: they differ in "
+                f"{', '.join(differ)}",
+                hint="evaluate every mode of the policy again on the same tasks",
+            )
+        merged = self.model_copy(deep=True)
+        merged.modes.update(later.modes)
+        merged.mcts_rollout_ablation.update(later.mcts_rollout_ablation)
+        merged.bon_ablation.update(later.bon_ablation)
+        merged.any_node_passed = later.any_node_passed or self.any_node_passed
+        merged.primary_mode = primary_mode(list(merged.modes))
+        return merged
 
     def save(self, path: Path) -> None:
         from codeq.schemas import write_json

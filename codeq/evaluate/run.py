@@ -23,7 +23,7 @@ from typing import Any
 
 from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode
 from codeq.errors import BadInputError
-from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split
+from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split, primary_mode
 from codeq.evaluate.stats import rate, summarize
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
@@ -97,10 +97,6 @@ def any_node_passed(
     for owner, verdict in zip(owners, score_programs(items, "all", sandbox), strict=True):
         passed[owner] = passed[owner] or verdict.passed
     return passed
-
-
-def primary_mode(modes: Sequence[str]) -> str:
-    return "mcts" if "mcts" in modes else modes[0]
 
 
 def _load_engine(config: CodeQConfig, adapter: str | Path | None) -> Any:
