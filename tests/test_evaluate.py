@@ -164,6 +164,46 @@ def test_evaluate_scores_one_final_program_per_task_on_all_tests(test_tasks, tmp
     assert (tmp_path / "trajectories-mcts.jsonl").is_file()
 
 
+def test_modes_evaluated_later_add_to_the_earlier_results(test_tasks, tmp_path) -> None:
+    """Single-pass modes first, search modes in a later evaluation of the same policy on the
+    same tasks: together they are what one evaluation of every mode gives; results of
+    different tasks refuse to combine."""
+    from codeq.errors import CorruptInputError
+
+    tasks = read_jsonl(test_tasks, Task)[:3]
+    plans = {tasks[0].task_id: "fix", tasks[1].task_id: "late", tasks[2].task_id: "never"}
+
+    def run(modes: list[str], out: str, max_tasks: int = 3):
+        config = load_config(
+            overrides={
+                "search": {"rollouts": 2, "rewrites_per_expansion": 1, "bon_samples": 2},
+                "evaluate": {"max_tasks": max_tasks, "rollout_ablation": [1, 2], "modes": modes},
+                "sandbox": {"backend": "subprocess", "workers": 2},
+            }
+        )
+        return evaluate(test_tasks, tmp_path / out, config, engine=ScriptedPolicy(tasks, plans))
+
+    single = run(["zero_shot", "full_rewrite"], "single")
+    assert single.primary_mode == "zero_shot"
+    merged = single.with_modes_of(run(["bon", "mcts"], "search"))
+    whole = run(["zero_shot", "full_rewrite", "mcts", "bon"], "whole")
+
+    def outcomes(results):
+        return {
+            "primary": results.primary_mode,
+            "modes": {mode: r.per_task for mode, r in results.modes.items()},
+            "mcts": {b: r.per_task for b, r in results.mcts_rollout_ablation.items()},
+            "bon": {n: r.per_task for n, r in results.bon_ablation.items()},
+            "any": results.any_node_passed.per_task,
+        }
+
+    assert outcomes(merged) == outcomes(whole)
+    assert merged.primary_mode == "mcts"
+    assert single.modes.keys() == {"zero_shot", "full_rewrite"}, "the earlier results changed"
+    with pytest.raises(CorruptInputError, match="task_ids"):
+        single.with_modes_of(run(["bon"], "fewer", max_tasks=2))
+
+
 def test_the_unchanged_buggy_program_is_never_counted_as_solved(test_tasks) -> None:
     """Returned programs are scored on visible and hidden tests: a buggy program fails at least
     one of them (prepare drops a task whose buggy program passes all), so returning it unchanged
