@@ -158,6 +158,7 @@ class Curve:
         self.context = StageContext
         self.state_path = self.results / "timings.json"
         self.timings: dict[str, float] = read_json_or(self.state_path, {})
+        self.counted_modes: dict[str, set[str]] = {}  # policy name -> modes in the ETA's tally
         self.started = time.perf_counter()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -173,7 +174,7 @@ class Curve:
         value = work()
         seconds = time.perf_counter() - began
         self.timings[name] = round(seconds, 1)
-        self.state_path.write_text(json.dumps(self.timings, indent=1) + "\n")
+        write_result(self.state_path, self.timings)
         self.finished_weight += weight
         self.run_weight += weight
         self.run_seconds += seconds
@@ -255,7 +256,9 @@ class Curve:
                 results = recorded.with_modes_of(results)
             results.save(target)
 
-        weight = WEIGHTS["test_modes"] * len(modes) / len(TEST_MODES)
+        counted = self.counted_modes.setdefault(name, set())
+        weight = sum(MODE_WEIGHTS[mode] for mode in modes if mode not in counted)
+        counted.update(modes)
         described = "+".join(missing or modes)
         self.part(f"test {described} of {name}", weight, not missing, work)
 
@@ -278,17 +281,19 @@ class Curve:
                 file=sys.stderr,
                 flush=True,
             )
-            self.trial(chosen["learning_rate"])
+            self.train_trial(chosen["learning_rate"])
             return str(recorded["chosen_run"])
         trials = [self.trial(rate) for rate in rates]
         best = max(trials, key=lambda trial: (trial["validation_solved"], -trial["learning_rate"]))
-        target.write_text(
-            json.dumps({"chosen_run": best["run"], "trials": trials}, indent=1) + "\n"
-        )
+        write_result(target, {"chosen_run": best["run"], "trials": trials})
         return str(best["run"])
 
     def trial(self, rate: float) -> dict[str, Any]:
-        """Round 0 trained, evaluated, promoted and reported with one learning rate."""
+        """Round 0 with one learning rate, and what validation made of it."""
+        return self.trial_summary(self.train_trial(rate), rate)
+
+    def train_trial(self, rate: float) -> str:
+        """Round 0 trained, evaluated, promoted and reported with one learning rate: its run."""
         run = f"{BASE_RUN}-lr{rate:g}"
         self.copy_round_inputs(run)
         config = self.config.model_copy(
@@ -296,7 +301,7 @@ class Curve:
         )
         for stage in ("train", "evaluate", "promote", "report"):
             self.stage(0, stage, run=run, config=config)
-        return self.trial_summary(run, rate)
+        return run
 
     def choose_pairs_alpha(self) -> None:
         """pairs.alpha for every round, read off round 0's own train trajectories (never the
@@ -319,7 +324,7 @@ class Curve:
                 "rule": f"1.0 when the critique AUC on round 0's train rewrites is below "
                 f"{CRITIQUE_SIGNAL_AUC}, else {self.config.pairs.alpha}",
             }
-            target.write_text(json.dumps(choice, indent=1) + "\n")
+            write_result(target, choice)
             print(f"[curve] pairs.alpha {alpha}: {signal.describe()}", file=sys.stderr, flush=True)
         alpha = float(json.loads(target.read_text())["alpha"])
         self.config = self.config.model_copy(
@@ -359,7 +364,7 @@ class Curve:
             "test_candidate": candidate,
         }
         target = self.results / f"round-{number}.json"
-        target.write_text(json.dumps(entry, indent=1) + "\n")
+        write_result(target, entry)
 
     def copy_round_inputs(self, run: str) -> None:
         """Round 0's tasks, trajectories and pairs of the base run, copied into `run`."""
@@ -408,8 +413,11 @@ WEIGHTS = {
     "promote": 0.05,
     "report": 0.05,
     "validation": 0.4,
-    "test_modes": 6.0,
 }
+# One policy's test modes in the same units (collect's 3.0 took 20 min): zero_shot and
+# full_rewrite 5 min each, best-of-16 29 min, MCTS with 8 rollouts 3.5 h (refinement prompts,
+# critiques) on the base model.
+MODE_WEIGHTS = {"zero_shot": 0.75, "full_rewrite": 0.75, "bon": 4.5, "mcts": 30.0}
 ROUND_STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 
 
@@ -421,7 +429,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     round_weight = sum(WEIGHTS[stage] for stage in ROUND_STAGES)
     trial_weight = sum(WEIGHTS[stage] for stage in ("train", "evaluate", "promote", "report"))
     curve.total_weight = (
-        WEIGHTS["test_modes"] * (args.rounds + 1)  # at most one promoted policy a round
+        sum(MODE_WEIGHTS.values()) * (args.rounds + 1)  # at most one promoted policy a round
         + args.rounds * round_weight
         + (rates - 1) * trial_weight
     )
@@ -470,7 +478,7 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
     # the store's location is this machine's, not a setting of the experiment
     settings = {key: value for key, value in curve_settings(args).items() if key != "store"}
     summary = summarize(args.results, settings)
-    (args.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_result(args.results / "summary.json", summary)
     return summary
 
 
@@ -524,6 +532,13 @@ def summarize(results: Path, settings: dict[str, Any]) -> dict[str, Any]:
 def read_json_or(path: Path, default: Any) -> Any:
     """A result file's content, or `default` when the curve has not written it yet."""
     return json.loads(path.read_text()) if path.is_file() else default
+
+
+def write_result(path: Path, data: Any) -> None:
+    """A result file, written whole or not at all (an interruption leaves the old one)."""
+    from codeq.schemas import write_json
+
+    write_json(path, data, indent=1)
 
 
 def policy_rows(evaluation: Any) -> dict[str, Any]:

@@ -241,12 +241,12 @@ def write_jsonl(path: str | Path, records: Iterable[BaseModel], append: bool = F
     return count
 
 
-def write_json(path: str | Path, data: Any) -> None:
+def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
     """Atomic pretty JSON write (reports, stats, metrics)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(
-        json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8"
+        json.dumps(data, indent=indent, sort_keys=False, default=str) + "\n", encoding="utf-8"
     )
     tmp.replace(path)
