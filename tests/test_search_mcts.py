@@ -174,6 +174,33 @@ def test_mcts_expands_tests_critiques_and_stops_at_a_full_pass():
     assert trajectory.prompt_tokens == 2 * 20 + 4 * 10
 
 
+def distinct_failing_rewrites(count: int) -> list[str]:
+    """Rewrites that all pass 1 of 3 reward tests, each a different program."""
+    return [fenced(program(1).replace("# v1", f"# v1 n{i}")) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("widening", "parents"),
+    [
+        # expanded once, the root is only descended from: every later rollout refines node 1
+        (0.0, [None, 0, 0, 1, 1, 1, 1, 1, 1]),
+        # root visits 1, 3, 5, 7 allow floor(sqrt(N)) = 1, 1, 2, 2 expansions: rollouts 1 and 3
+        # sample the buggy program again; node 1 (visits 1, then 3) is refined at 2 and 4
+        (0.5, [None, 0, 0, 1, 1, 0, 0, 1, 1]),
+        # widening 1: a node is expanded again for as many visits as it has: only the root
+        (1.0, [None, 0, 0, 0, 0, 0, 0, 0, 0]),
+    ],
+)
+def test_progressive_widening_expands_a_visited_node_again(widening, parents):
+    task = make_task(hidden=2)
+    policy = ScriptedPolicy(distinct_failing_rewrites(8))
+    chosen = settings(rollouts=4, max_depth=2, exploration=0.0, widening=widening)
+    [trajectory] = search([task], policy, ScriptedScorer(), chosen)
+    assert [n.parent for n in trajectory.nodes] == parents
+    assert [n.rollout for n in trajectory.nodes] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert load_config(None, {"search": {"widening": widening}}).search.widening == widening
+
+
 def test_feedback_never_mentions_hidden_failures_when_visible_tests_pass():
     task = make_task(hidden=2)
     tree = Tree(task=task, settings=settings())

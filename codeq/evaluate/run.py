@@ -25,6 +25,7 @@ from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode
 from codeq.errors import BadInputError
 from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split, primary_mode
 from codeq.evaluate.stats import rate, summarize
+from codeq.pipeline.fingerprint import is_neutral
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
 from codeq.search.tree import final_answer
@@ -244,7 +245,11 @@ class _Evaluation:
             "policy": self.policy.model_dump(mode="json") if self.policy else None,
             "adapter": str(self.adapter) if self.adapter is not None else None,
             "model": self.config.policy.model_dump(mode="json"),
-            "search": self.config.search.model_dump(mode="json"),
+            "search": {
+                key: value
+                for key, value in self.config.search.model_dump(mode="json").items()
+                if not is_neutral(f"search.{key}", value)
+            },
         }
         encoded = json.dumps(described, sort_keys=True).encode()
         return hashlib.sha256(encoded).hexdigest()[:16]

@@ -46,6 +46,7 @@ SEARCH_KEYS = [
     "search.rollouts",
     "search.max_depth",
     "search.exploration",
+    "search.widening",
     "search.bon_samples",
     "search.prompt",
     "search.reward_tests",
@@ -124,8 +125,19 @@ class Fingerprint:
         return {"sha256": self.sha256, "config": self.config, "inputs": self.inputs}
 
 
+# Keys added after runs existed, with the value that reproduces what those runs computed: at that
+# value a key is left out of the fingerprint, so the earlier runs' stages still match and resume.
+NEUTRAL_VALUES: dict[str, Any] = {"search.widening": 0.0}
+
+
+def is_neutral(key: str, value: Any) -> bool:
+    """A later key (dotted) at the value that reproduces what runs before it computed."""
+    return key in NEUTRAL_VALUES and value == NEUTRAL_VALUES[key]
+
+
 def stage_config(config: CodeQConfig, stage: str) -> dict[str, Any]:
-    """{dotted key: value} of the keys STAGE_KEYS names for `stage`, as JSON values."""
+    """{dotted key: value} of the keys STAGE_KEYS names for `stage`, as JSON values (a key of
+    NEUTRAL_VALUES at its neutral value left out)."""
     dumped = config.model_dump(mode="json")
     values: dict[str, Any] = {}
     for pattern in STAGE_KEYS[stage]:
@@ -135,7 +147,7 @@ def stage_config(config: CodeQConfig, stage: str) -> dict[str, Any]:
                 values[f"{section}.{name}"] = value
         else:
             values[pattern] = dumped[section][key]
-    return dict(sorted(values.items()))
+    return {key: value for key, value in sorted(values.items()) if not is_neutral(key, value)}
 
 
 def stage_fingerprint(

@@ -42,6 +42,7 @@ class SearchSettings:
     deterministic: bool = True
     model: str = ""
     prompt: str = "plain"
+    widening: float = 0.0
 
     @classmethod
     def resolve(cls, config: CodeQConfig, *, model: str = "") -> SearchSettings:
@@ -73,6 +74,7 @@ class SearchSettings:
             "deterministic": search.deterministic,
             "model": model,
             "prompt": search.prompt,
+            "widening": search.widening,
         }
         if chosen in ("mcts", "bon"):
             sampled = {
@@ -179,10 +181,22 @@ class Tree:
 
     # ------------------------------------------------------------------ 1. selection
 
+    def expansions(self, node: Node) -> int:
+        """How many times `node` has been expanded (its children's distinct rollouts)."""
+        return len({self.nodes[i].rollout for i in self.children[node.id]})
+
+    def wants_widening(self, node: Node) -> bool:
+        """Progressive widening: a node visited N times is expanded again while it has had
+        fewer than floor(N ** widening) expansions (at 0: only a node never expanded)."""
+        return self.expansions(node) < math.floor(max(node.visits, 1) ** self.settings.widening)
+
     def select(self) -> Node:
-        """Descend from the root by UCB1 through selectable children; expand where none is."""
+        """Descend from the root by UCB1 through selectable children; expand a node that none
+        of its children can be descended into, or that progressive widening asks to widen."""
         node = self.root
         while True:
+            if self.wants_widening(node):
+                return node
             options = [self.nodes[i] for i in self.children[node.id]]
             options = [child for child in options if self.selectable(child)]
             if not options:
