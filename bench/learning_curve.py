@@ -520,13 +520,34 @@ def summarize(results: Path, settings: dict[str, Any]) -> dict[str, Any]:
                     for mode in SINGLE_PASS_MODES
                 },
             }
+    rewrites = settings["search"]["rewrites_per_expansion"]
     return {
         "settings": settings,
         "pairs_alpha": read_json_or(results / "pairs-alpha.json", None),
         "timings_seconds": read_json_or(results / "timings.json", {}),
         "policies": {name: policy_rows(evaluation) for name, evaluation in loaded.items()},
+        "mcts_vs_bon": {
+            name: mcts_vs_bon(evaluation, rewrites)
+            for name, evaluation in loaded.items()
+            if evaluation.mcts_rollout_ablation and evaluation.bon_ablation
+        },
         "rounds": rounds,
     }
+
+
+def mcts_vs_bon(evaluation: Any, rewrites: int) -> list[dict[str, Any]]:
+    """MCTS at each budget b against best-of-N with N = K * b, the most programs b rollouts
+    can write, paired on the same test tasks (gained and lost by MCTS)."""
+    from codeq.promotion import compare_modes
+
+    rows = []
+    for budget, mcts in sorted(evaluation.mcts_rollout_ablation.items(), key=lambda i: int(i[0])):
+        samples = str(int(budget) * rewrites)
+        if samples in evaluation.bon_ablation:
+            label = f"mcts@{budget} vs bon@{samples}"
+            paired = compare_modes(label, mcts, evaluation.bon_ablation[samples])
+            rows.append({**paired.model_dump(), "mcts_programs": mcts.programs})
+    return rows
 
 
 def read_json_or(path: Path, default: Any) -> Any:
@@ -587,6 +608,19 @@ def table(summary: dict[str, Any]) -> str:
                 f"{100 * row['ci_low']:.0f}–{100 * row['ci_high']:.0f}; {row['programs']:.1f} progs)"
             )
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    paired = [(name, row) for name, rows in summary.get("mcts_vs_bon", {}).items() for row in rows]
+    if paired:
+        lines += [
+            "",
+            "| policy | MCTS vs best-of-N | solved | MCTS gained / lost | p MCTS better | p worse |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, row in paired:
+            lines.append(
+                f"| {name} | {row['mode']} | {row['candidate_solved']} vs "
+                f"{row['incumbent_solved']} | +{len(row['gained'])} / -{len(row['lost'])} | "
+                f"{row['p_better']:.3f} | {row['p_worse']:.3f} |"
+            )
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from codeq.config import PromotionConfig
 from codeq.errors import CorruptInputError
-from codeq.evaluate.results import EvalResults
+from codeq.evaluate.results import EvalResults, ModeResult
 from codeq.schemas import Lineage
 
 
@@ -63,7 +63,12 @@ def compare(mode: str, candidate: EvalResults, incumbent: EvalResults) -> ModeCo
             f"the validation evaluations lack the {mode!r} mode",
             hint="rerun the evaluate stage with the promotion.modes of this config",
         )
-    new, old = candidate.modes[mode].per_task, incumbent.modes[mode].per_task
+    return compare_modes(mode, candidate.modes[mode], incumbent.modes[mode])
+
+
+def compare_modes(label: str, candidate: ModeResult, incumbent: ModeResult) -> ModeComparison:
+    """Two mode results paired on the same tasks (two policies, or two modes of one)."""
+    new, old = candidate.per_task, incumbent.per_task
     if set(new) != set(old):
         raise CorruptInputError(
             "the candidate and the incumbent were evaluated on different validation tasks",
@@ -72,7 +77,7 @@ def compare(mode: str, candidate: EvalResults, incumbent: EvalResults) -> ModeCo
     gained = sorted(task for task in new if new[task] and not old[task])
     lost = sorted(task for task in new if old[task] and not new[task])
     return ModeComparison(
-        mode=mode,
+        mode=label,
         tasks=len(new),
         candidate_solved=sum(new.values()),
         incumbent_solved=sum(old.values()),

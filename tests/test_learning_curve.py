@@ -42,6 +42,11 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     assert expected <= set(base["modes"])
     for row in base["modes"].values():
         assert 0.0 <= row["ci_low"] <= row["solve_rate"] <= row["ci_high"] <= 1.0
+    [search] = summary["mcts_vs_bon"]["base"]  # MCTS against best-of-N at equal programs
+    assert search["mode"] == "mcts@1 vs bon@2" and search["tasks"] == 2
+    assert search["candidate_solved"] == base["modes"]["mcts@1"]["solved"]
+    assert search["incumbent_solved"] == base["modes"]["bon@2"]["solved"]
+    assert "| base | mcts@1 vs bon@2 |" in first.stdout
     assert [entry["round"] for entry in summary["rounds"]] == [0, 1]
     choice = json.loads((tmp_path / "curve" / "results" / "learning-rate.json").read_text())
     assert [trial["learning_rate"] for trial in choice["trials"]] == [1e-3, 1e-4]
