@@ -227,7 +227,7 @@ class Curve:
     def test_modes(self, name: str, policy: Any, modes: list[str]) -> None:
         """`modes` for one policy on the test split, saved to <name>-test.json. The modes that
         file already holds for this policy (the lineage id) are kept, on any machine: only the
-        missing ones are evaluated and added to it."""
+        missing ones are evaluated, one at a time, each added to it as soon as it finishes."""
         from codeq.evaluate import EvalResults, evaluate
         from codeq.pipeline.policies import load_policy
 
@@ -238,23 +238,23 @@ class Curve:
         missing = [mode for mode in modes if recorded is None or mode not in recorded.modes]
         ctx = self.ctx(0)
         tasks_dir = self.args.out / "work" / "tasks-test"
-        config = self.config.model_copy(
-            update={"evaluate": self.config.evaluate.model_copy(update={"modes": missing})}
-        )
 
         def work() -> None:
             self.store.get_dir(ctx.layout.stage("tasks"), tasks_dir)
-            results = evaluate(
-                tasks_dir,
-                self.args.out / "eval" / name,
-                config,
-                split="test",
-                engine=load_policy(ctx, policy),
-                policy=policy,
-            )
-            if recorded is not None:
-                results = recorded.with_modes_of(results)
-            results.save(target)
+            engine = load_policy(ctx, policy)
+            merged = recorded
+            for mode in missing:  # saved after each: a curve cut short keeps the modes it finished
+                evaluation = self.config.evaluate.model_copy(update={"modes": [mode]})
+                results = evaluate(
+                    tasks_dir,
+                    self.args.out / "eval" / name,
+                    self.config.model_copy(update={"evaluate": evaluation}),
+                    split="test",
+                    engine=engine,
+                    policy=policy,
+                )
+                merged = results if merged is None else merged.with_modes_of(results)
+                merged.save(target)
 
         counted = self.counted_modes.setdefault(name, set())
         weight = sum(MODE_WEIGHTS[mode] for mode in modes if mode not in counted)
