@@ -414,10 +414,9 @@ WEIGHTS = {
     "report": 0.05,
     "validation": 0.4,
 }
-# One policy's test modes in the same units (collect's 3.0 took 20 min): zero_shot and
-# full_rewrite 5 min each, best-of-16 29 min, MCTS with 8 rollouts 3.5 h (refinement prompts,
-# critiques) on the base model.
-MODE_WEIGHTS = {"zero_shot": 0.75, "full_rewrite": 0.75, "bon": 4.5, "mcts": 30.0}
+# One policy's test modes in the same units (collect's 3.0 took 20 min), as round 0's policy took
+# them alone: zero_shot and full_rewrite 3 min each, best-of-16 29 min, MCTS with 8 rollouts 30 min.
+MODE_WEIGHTS = {"zero_shot": 0.5, "full_rewrite": 0.5, "bon": 4.5, "mcts": 4.5}
 ROUND_STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 
 
