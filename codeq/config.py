@@ -157,6 +157,16 @@ SearchMode = Literal["mcts", "bon", "greedy", "plain"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
 
 
+# Keys added after runs existed, with the value that reproduces what those runs computed: at that
+# value a key is left out of stage fingerprints and evaluation resume keys, so earlier runs resume.
+NEUTRAL_VALUES: dict[str, Any] = {"search.widening": 0.0}
+
+
+def is_neutral(key: str, value: Any) -> bool:
+    """A later key (dotted) at the value that reproduces what runs before it computed."""
+    return key in NEUTRAL_VALUES and value == NEUTRAL_VALUES[key]
+
+
 class SearchConfig(Section):
     mode: SearchMode = Field(
         "mcts",

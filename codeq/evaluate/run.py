@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode
+from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode, is_neutral
 from codeq.errors import BadInputError
 from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split, primary_mode
 from codeq.evaluate.stats import rate, summarize
-from codeq.pipeline.fingerprint import is_neutral
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
 from codeq.search.tree import final_answer

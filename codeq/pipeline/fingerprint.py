@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from codeq.config import CodeQConfig
+from codeq.config import CodeQConfig, is_neutral
 from codeq.errors import BadInputError
 
 # The keys of the generation the search and the evaluation run (policy.model names the base; the
@@ -123,16 +123,6 @@ class Fingerprint:
 
     def to_json(self) -> dict[str, Any]:
         return {"sha256": self.sha256, "config": self.config, "inputs": self.inputs}
-
-
-# Keys added after runs existed, with the value that reproduces what those runs computed: at that
-# value a key is left out of the fingerprint, so the earlier runs' stages still match and resume.
-NEUTRAL_VALUES: dict[str, Any] = {"search.widening": 0.0}
-
-
-def is_neutral(key: str, value: Any) -> bool:
-    """A later key (dotted) at the value that reproduces what runs before it computed."""
-    return key in NEUTRAL_VALUES and value == NEUTRAL_VALUES[key]
 
 
 def stage_config(config: CodeQConfig, stage: str) -> dict[str, Any]:
