@@ -31,9 +31,21 @@ class StageTerminated(BaseException):
     written last on success, is never written."""
 
 
+# The signal once SIGTERM has arrived. The handler raises wherever the main thread is; raised
+# inside a lock's release (a thread pool's submit), the unwinding can replace StageTerminated
+# with that code's own error ("release unlocked lock"), which is then a consequence of the stop.
+_terminated_by: list[int] = []
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    _terminated_by.append(signum)
     raise StageTerminated(signum)
+
+
+def was_terminated() -> bool:
+    """SIGTERM arrived in this process (whatever exception it turned into)."""
+    return bool(_terminated_by)
 
 
 def install_sigterm_handler() -> None:
@@ -83,15 +95,22 @@ def run_stage(stage: str) -> int:
         log(f"job {stage} {status} in {time.perf_counter() - started:.1f}s")
         return EXIT_OK
     except StageTerminated:
-        log(
-            f"job {stage} terminated (SIGTERM) after {time.perf_counter() - started:.1f}s; "
-            "its unfinished output is not marked complete and a rerun resumes it"
-        )
-        return EXIT_TERMINATED
+        return report_terminated(stage, started)
     except Exception as exc:  # noqa: BLE001 - the one place errors become one line
+        if was_terminated():
+            log(f"job {stage}: SIGTERM surfaced as {type(exc).__name__}: {exc}")
+            return report_terminated(stage, started)
         return report_error(exc, traceback=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def report_terminated(stage: str, started: float) -> int:
+    log(
+        f"job {stage} terminated (SIGTERM) after {time.perf_counter() - started:.1f}s; "
+        "its unfinished output is not marked complete and a rerun resumes it"
+    )
+    return EXIT_TERMINATED
 
 
 def resolve_round() -> int:

@@ -145,3 +145,40 @@ def test_sigterm_stops_a_running_stage_cleanly_and_a_rerun_finishes_it(tmp_path,
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (store / TASKS_PREFIX / "_COMPLETE").is_file()
+
+
+def test_sigterm_that_library_code_turns_into_another_error_still_exits_as_terminated(
+    tmp_path, monkeypatch
+):
+    """The handler raises wherever the main thread is; inside a lock's release (a thread
+    pool's submit) the unwinding can replace StageTerminated with a RuntimeError. The job still
+    exits 143 (a rerun resumes it), not 1 with "this is a bug in codeq"."""
+    from codeq.pipeline.stages import STAGE_FUNCTIONS
+    from jobs import _runner
+
+    def stage_cut_inside_a_lock(context, **arguments):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except _runner.StageTerminated:
+            raise RuntimeError("release unlocked lock") from None
+        raise AssertionError("SIGTERM never arrived")
+
+    for key, value in stage_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "scratch").mkdir()  # the entrypoint's job
+    monkeypatch.setitem(STAGE_FUNCTIONS, "prepare", stage_cut_inside_a_lock)
+    monkeypatch.setattr(_runner, "_terminated_by", [])
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        _runner.install_sigterm_handler()
+        assert _runner.run_stage("prepare") == SIGTERM_EXIT
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    def stage_with_a_real_bug(context, **arguments):
+        raise RuntimeError("release unlocked lock")
+
+    monkeypatch.setattr(_runner, "_terminated_by", [])
+    monkeypatch.setitem(STAGE_FUNCTIONS, "prepare", stage_with_a_real_bug)
+    assert _runner.run_stage("prepare") == 1  # without SIGTERM the same error is a bug
