@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 DEBUGBENCH = REPO.parent / "shared" / "debugbench"
-# bon before mcts: when a session ends mid-way, the cheaper comparison is the one finished
+# bon before mcts: a curve cut short between the two still holds the baseline MCTS is judged by
 TEST_MODES = ["zero_shot", "full_rewrite", "bon", "mcts"]
 # What a round's DPO is meant to change, measured right after the round; the search modes (hours
 # on CPU) follow once every round has trained, so an interrupted curve answers "did DPO help"

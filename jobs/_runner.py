@@ -141,7 +141,7 @@ def main_round() -> None:
     except StageTerminated:
         sys.exit(EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - reported like every job's error
-        sys.exit(report_error(exc, traceback=True))
+        sys.exit(EXIT_TERMINATED if was_terminated() else report_error(exc, traceback=True))
     sys.exit(EXIT_OK)
 
 
