@@ -78,6 +78,13 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="rebuild summary.json and the table from the result files alone (no model, no store)",
     )
+    parser.add_argument(
+        "--write-eval-config",
+        type=Path,
+        metavar="FILE",
+        help="write the curve's policy, search and evaluate settings as YAML for `codeq evaluate "
+        "-c FILE` on another machine (the test evaluation on a GPU) and exit",
+    )
     return parser.parse_args()
 
 
@@ -623,6 +630,17 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_eval_config(args: argparse.Namespace) -> None:
+    """The settings every test evaluation of the curve ran with, the model left to --model."""
+    import yaml
+
+    settings = curve_settings(args)
+    evaluation = {part: settings[part] for part in ("policy", "search", "evaluate")}
+    del evaluation["policy"]["model"]
+    args.write_eval_config.write_text(yaml.safe_dump(evaluation, sort_keys=False))
+    print(f"wrote {args.write_eval_config}")
+
+
 def main() -> None:
     args = parse_args()
     if args.tiny:
@@ -634,6 +652,9 @@ def main() -> None:
     from codeq.logs import report_error
 
     try:
+        if args.write_eval_config:
+            write_eval_config(args)
+            return
         if args.summary_only:
             print(table(write_summary(args)))
             return

@@ -125,3 +125,25 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
         row = found["base"][mode]
         assert row["tasks"] == 2 and row["rewrites"] >= 2
         assert row["returned_program"]["per_task"] == recorded["modes"][mode]["per_task"]
+
+
+def test_eval_config_for_another_machine_holds_the_curves_evaluation_settings(tmp_path):
+    """What bench/learning_curve_gpu.sh evaluates with on a GPU: the curve's own settings."""
+    from codeq.config import load_config
+
+    written = tmp_path / "curve-eval.yaml"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--write-eval-config"]
+        + [str(written)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = load_config(written)
+    assert config.search.prompt == "detailed" and config.search.rewrites_per_expansion == 2
+    assert config.search.max_depth == 2 and config.search.seed == 0
+    assert config.evaluate.rollout_ablation == [1, 2, 4, 8] and config.evaluate.max_tasks == 60
+    assert config.policy.max_new_tokens == 512 and config.policy.critique_max_new_tokens == 24
+    assert "model" not in written.read_text()  # the machine's own copy of the model is named
