@@ -79,6 +79,13 @@ def parse_args() -> argparse.Namespace:
         help="rebuild summary.json and the table from the result files alone (no model, no store)",
     )
     parser.add_argument(
+        "--check-rates",
+        metavar="RATES",
+        help="after the curve chose its learning rate: train round 0 with these rates too "
+        "(comma-separated), each evaluated on validation like the trials, and record them in "
+        "learning-rate.json under 'checked_after_choice'; the chosen run stays what it was",
+    )
+    parser.add_argument(
         "--write-eval-config",
         type=Path,
         metavar="FILE",
@@ -480,6 +487,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def check_rates(args: argparse.Namespace) -> None:
+    """Round 0 trained with other learning rates after the choice, on the same pairs, each
+    judged on validation as the trials were: whether the choice holds, recorded beside it.
+    The chosen run, and so every later round, is left as it is."""
+    from codeq.errors import MissingInputError
+
+    target = args.results / "learning-rate.json"
+    recorded = read_json_or(target, None)
+    if recorded is None:
+        raise MissingInputError(
+            f"no learning rate chosen yet in {target}",
+            hint="run the curve first (its round 0 chooses one); --check-rates checks that choice",
+        )
+    rates = [float(rate) for rate in args.check_rates.split(",")]
+    known = {trial["learning_rate"] for trial in recorded["trials"]}
+    checked = {trial["learning_rate"]: trial for trial in recorded.get("checked_after_choice", [])}
+    todo = [rate for rate in rates if rate not in known and rate not in checked]
+    curve = Curve(args)
+    curve.total_weight = len(todo) * sum(
+        WEIGHTS[stage] for stage in ("train", "evaluate", "promote", "report")
+    )
+    curve.choose_pairs_alpha()  # the chosen trial's config but for the rate
+    for rate in todo:  # saved after each, so an interrupted check keeps the rates it finished
+        checked[rate] = curve.trial(rate)
+        recorded["checked_after_choice"] = [checked[key] for key in sorted(checked)]
+        write_result(target, recorded)
+    for trial in [*recorded["trials"], *recorded.get("checked_after_choice", [])]:
+        print(
+            f"learning rate {trial['learning_rate']:g}: {trial['validation_solved']} of "
+            f"{trial['validation_tasks']} validation tasks (incumbent "
+            f"{trial['validation_incumbent_solved']}), promoted {trial['promoted']}"
+        )
+
+
 def write_summary(args: argparse.Namespace) -> dict[str, Any]:
     # the store's location is this machine's, not a setting of the experiment
     settings = {key: value for key, value in curve_settings(args).items() if key != "store"}
@@ -657,6 +698,9 @@ def main() -> None:
             return
         if args.summary_only:
             print(table(write_summary(args)))
+            return
+        if args.check_rates:
+            check_rates(args)
             return
         run(args)
     except CodeQError as exc:  # one error: line and a hint, as the CLI prints them

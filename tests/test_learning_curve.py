@@ -126,6 +126,25 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
         assert row["tasks"] == 2 and row["rewrites"] >= 2
         assert row["returned_program"]["per_task"] == recorded["modes"][mode]["per_task"]
 
+    # a learning rate checked after the choice is trained and judged on validation too, and
+    # recorded beside the choice, which stays
+    checked = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--tiny"]
+        + ["--check-rates", "1e-5", "--out", str(tmp_path / "curve")]
+        + ["--results", str(tmp_path / "curve" / "results")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=REPO,
+    )
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    after = json.loads((tmp_path / "curve" / "results" / "learning-rate.json").read_text())
+    assert after["chosen_run"] == chosen and after["trials"] == choice["trials"]
+    [extra] = after["checked_after_choice"]
+    assert extra["learning_rate"] == 1e-5 and extra["run"] == "curve-lr1e-05"
+    assert extra["validation_tasks"] == 2 and isinstance(extra["promoted"], bool)
+    assert "learning rate 1e-05: " in checked.stdout
+
 
 def test_eval_config_for_another_machine_holds_the_curves_evaluation_settings(tmp_path):
     """What bench/learning_curve_gpu.sh evaluates with on a GPU: the curve's own settings."""
