@@ -120,6 +120,8 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             # The curve began before 'plain' became the default first turn: the same prompt in
             # every part of it (docs/results.md).
             "prompt": "detailed",
+            # and before progressive widening became the default (0.5): the curve keeps 0
+            "widening": 0.0,
         },
         "pairs": {"max_pairs_per_task": 2},
         "train": {

@@ -182,15 +182,15 @@ class SearchConfig(Section):
     max_depth: int = Field(3, ge=1, description="Deepest rewrite chain from the buggy program.")
     exploration: float = Field(1.0, ge=0.0, description="UCB1 exploration constant c.")
     widening: float = Field(
-        0.0,
+        0.5,
         ge=0.0,
         le=1.0,
         description="Progressive widening exponent: a node visited N times is expanded again "
         "(K more sibling rewrites) while it has had fewer than floor(N ** widening) expansions. "
         "0 expands a node once and then only descends (again only when no child can be "
-        "expanded); 0.5 re-samples the buggy program about every other rollout. At 0.5B, "
-        "best-of-16 beat MCTS with 8 rollouts on test because refinements mostly copy their "
-        "parent (docs/results.md); choose on validation tasks.",
+        "expanded); 0.5 re-samples the buggy program about every other rollout. Chosen on "
+        "validation (docs/results.md): with 8 rollouts Qwen2.5-Coder-0.5B's MCTS solved 12/40 "
+        "tasks at 0.5 and 9/40 at 0, whose refinements mostly copy their parent.",
     )
     bon_samples: int = Field(8, ge=1, description="N for best-of-N.")
     prompt: Literal["plain", "detailed"] = Field(

@@ -135,7 +135,8 @@ def test_backpropagation_updates_every_ancestor_with_the_pass_fraction():
 
 
 def test_selection_descends_by_ucb_and_skips_invalid_and_depth_limited_nodes():
-    tree = Tree(task=make_task(), settings=settings(max_depth=2, exploration=0.0))
+    # without progressive widening (the test below covers it), the root is expanded once
+    tree = Tree(task=make_task(), settings=settings(max_depth=2, exploration=0.0, widening=0.0))
     tree.backpropagate(tree.root, 0.0)
     good = tree.add_child(tree.root, [], "", program(2), True)
     bad = tree.add_child(tree.root, [], "", "", False)

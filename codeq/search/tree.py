@@ -42,7 +42,7 @@ class SearchSettings:
     deterministic: bool = True
     model: str = ""
     prompt: str = "plain"
-    widening: float = 0.0
+    widening: float = 0.5
 
     @classmethod
     def resolve(cls, config: CodeQConfig, *, model: str = "") -> SearchSettings:
