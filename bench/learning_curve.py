@@ -315,7 +315,7 @@ class Curve:
         config = self.config.model_copy(
             update={"train": self.config.train.model_copy(update={"learning_rate": rate})}
         )
-        for stage in ("train", "evaluate", "promote", "report"):
+        for stage in TRIAL_STAGES:
             self.stage(0, stage, run=run, config=config)
         return run
 
@@ -434,6 +434,7 @@ WEIGHTS = {
 # them alone: zero_shot and full_rewrite 3 min each, best-of-16 29 min, MCTS with 8 rollouts 30 min.
 MODE_WEIGHTS = {"zero_shot": 0.5, "full_rewrite": 0.5, "bon": 4.5, "mcts": 4.5}
 ROUND_STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
+TRIAL_STAGES = ("train", "evaluate", "promote", "report")  # what each learning-rate trial reruns
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -442,7 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     curve = Curve(args)
     rates = len(args.learning_rates.split(","))
     round_weight = sum(WEIGHTS[stage] for stage in ROUND_STAGES)
-    trial_weight = sum(WEIGHTS[stage] for stage in ("train", "evaluate", "promote", "report"))
+    trial_weight = sum(WEIGHTS[stage] for stage in TRIAL_STAGES)
     curve.total_weight = (
         sum(MODE_WEIGHTS.values()) * (args.rounds + 1)  # at most one promoted policy a round
         + args.rounds * round_weight
@@ -507,9 +508,7 @@ def check_rates(args: argparse.Namespace) -> None:
     checked = {trial["learning_rate"]: trial for trial in recorded.get("checked_after_choice", [])}
     todo = [rate for rate in rates if rate not in known and rate not in checked]
     curve = Curve(args)
-    curve.total_weight = len(todo) * sum(
-        WEIGHTS[stage] for stage in ("train", "evaluate", "promote", "report")
-    )
+    curve.total_weight = len(todo) * sum(WEIGHTS[stage] for stage in TRIAL_STAGES)
     curve.choose_pairs_alpha()  # the chosen trial's config but for the rate
     for rate in todo:  # saved after each, so an interrupted check keeps the rates it finished
         checked[rate] = curve.trial(rate)
