@@ -13,6 +13,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def first_turn(run):
+    return [(row["task_id"], row["copied"], row["empty"]) for row in run["tasks"]]
+
+
 @pytest.mark.slow
 def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
     tasks = tmp_path / "tasks"
@@ -36,6 +40,7 @@ def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
         "--variants",
         "detailed",
         "plain",
+        "plain_fresh",
         "--json",
         str(out),
     ]
@@ -43,10 +48,12 @@ def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| detailed | " in done.stdout and "| plain | " in done.stdout
     result = json.loads(out.read_text())
-    detailed, plain = result["runs"]
+    detailed, plain, plain_fresh = result["runs"]
     assert [row["task_id"] for row in detailed["tasks"]] == [
         row["task_id"] for row in plain["tasks"]
     ]
+    # the same greedy first turn; only the refinement's prompt differs
+    assert first_turn(plain_fresh) == first_turn(plain)
     for row, run in zip(result["table"], result["runs"], strict=True):
         assert row["tasks"] == 2
         assert row["solved"] == sum(task["solved"] for task in run["tasks"])
@@ -54,4 +61,5 @@ def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
         refine = run["refine"]
         assert refine["rewrites"] == refine["parents"]  # one sample per failing answer
         assert refine["copies"] + refine["empty"] <= refine["rewrites"]
+        assert len(refine["tasks_rescued"]) <= refine["solved_rewrites"]
     assert result["table"][0]["gained_vs_first"] == result["table"][0]["lost_vs_first"] == 0
