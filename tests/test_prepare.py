@@ -14,7 +14,7 @@ from codeq import cli
 from codeq.config import load_config
 from codeq.schemas import Task, read_jsonl
 from codeq.tasks import score_programs, split_by_slug
-from codeq.tasks.pipeline import SPLITS
+from codeq.tasks.pipeline import SPLITS, call_timeout_for
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,20 @@ def test_builtin_prepare_is_usable_split_and_deterministic(tmp_path: Path, sandb
 def _untimed(path: Path) -> list[dict]:
     tasks = [json.loads(line) for line in path.read_text().splitlines()]
     for task in tasks:
-        assert 1.0 <= task["entry"].pop("call_timeout_s") <= 2.0
+        assert task["entry"].pop("call_timeout_s") in (1.0, 2.0)
     return tasks
+
+
+@pytest.mark.parametrize(
+    ("slowest", "limit"),
+    [(0.001, 1.0), (0.049, 1.0), (0.06, 2.0), (0.11, 4.0), (0.3, 8.0), (1.9, 10.0)],
+)
+def test_call_timeout_is_20x_the_slowest_oracle_call_in_coarse_steps(slowest, limit):
+    assert call_timeout_for(slowest, cap_s=10.0) == limit
+
+
+def test_call_timeout_never_exceeds_the_oracle_limit():
+    assert call_timeout_for(0.001, cap_s=0.5) == 0.5
 
 
 def _fake_tasks(n_slugs: int, per_slug: int = 3) -> list[Task]:

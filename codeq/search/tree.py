@@ -38,11 +38,11 @@ class SearchSettings:
     critique: bool
     critique_temperature: float
     critique_max_new_tokens: int
+    prompt: str  # no defaults here: the config's (search.prompt, search.widening) are the only ones
+    widening: float
     seed: int = 0
     deterministic: bool = True
     model: str = ""
-    prompt: str = "plain"
-    widening: float = 0.5
 
     @classmethod
     def resolve(cls, config: CodeQConfig, *, model: str = "") -> SearchSettings:

@@ -194,11 +194,19 @@ def run_oracles(
             continue
         group.hidden = hidden[: wanted * HIDDEN_KEEP_FACTOR]
         slowest = max(call.seconds for call in result.calls if call is not None)
-        group.call_timeout_s = round(
-            min(config.tasks.oracle_timeout_s, max(MIN_CALL_TIMEOUT_S, 20 * slowest)), 3
-        )
+        group.call_timeout_s = call_timeout_for(slowest, config.tasks.oracle_timeout_s)
         kept.append(group)
     return kept
+
+
+def call_timeout_for(slowest_oracle_call_s: float, cap_s: float) -> float:
+    """A task's per-call limit: 20x its slowest oracle call, at least MIN_CALL_TIMEOUT_S, rounded
+    up to a power of two times that and capped. The coarse steps keep the value (and so the task
+    files) the same from one prepare to the next unless the oracle's time changes by a lot."""
+    limit = MIN_CALL_TIMEOUT_S
+    while limit < 20 * slowest_oracle_call_s and limit < cap_s:
+        limit *= 2
+    return min(cap_s, limit)
 
 
 def _expected(value: Any, check: dict[str, Any]) -> Any:
