@@ -122,6 +122,7 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "prompt": "detailed",
             # and before progressive widening became the default (0.5): the curve keeps 0
             "widening": 0.0,
+            "refine": "multi_turn",
         },
         "pairs": {"max_pairs_per_task": 2},
         "train": {

@@ -77,32 +77,27 @@ def styled_refine(style: str) -> Callable[[Task, str, list[prompts.FailedTest]],
     return refine
 
 
-def fresh_refine(task: Task, answer: str, failures: list[prompts.FailedTest]) -> list[ChatMessage]:
-    """A refinement in one user turn, in the plain first turn's words: the statement, the failing
-    program as the code to fix, and what its visible tests got. The multi-turn refinement shows
-    the program as the model's own earlier answer, which the 0.5B model mostly repeats."""
-    failing = "\n\n".join(
-        f"Input: {failure.call}\nExpected: {failure.expected}\nGot: {failure.got}"
-        for failure in failures
+def one_turn_refine(
+    task: Task, answer: str, failures: list[prompts.FailedTest]
+) -> list[ChatMessage]:
+    """`search.refine: one_turn` under the plain first turn: the failing program as the code to
+    fix, with its failing tests, in one user turn."""
+    return prompts.one_turn_refine_messages(
+        task, prompts.extract_program(answer), failures, "plain"
     )
-    user = (
-        f"{task.description.strip()}\n\n{prompts.fenced(prompts.extract_program(answer))}\n\n"
-        f"This code fails these tests:\n\n{failing}\n\nFix the bug and give the corrected code."
-    )
-    return [ChatMessage(role="user", content=user)]
 
 
 VARIANTS: dict[str, Callable[[Task], list[ChatMessage]]] = {
     "detailed": prompts.agent_messages,
     "plain": prompts.plain_messages,
-    # the plain first turn again (greedy, so the same answers), refined by `fresh_refine`
-    "plain_fresh": prompts.plain_messages,
+    # the plain first turn again (greedy, so the same answers), refined in one turn
+    "plain_one_turn": prompts.plain_messages,
     "explain_first": explain_first,
 }
 REFINE_VARIANTS: dict[str, Callable[[Task, str, list[prompts.FailedTest]], list[ChatMessage]]] = {
     "detailed": styled_refine("detailed"),
     "plain": styled_refine("plain"),
-    "plain_fresh": fresh_refine,
+    "plain_one_turn": one_turn_refine,
     "explain_first": explain_first_refine,
 }
 

@@ -159,7 +159,7 @@ SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
 
 # Keys added after runs existed, with the value that reproduces what those runs computed: at that
 # value a key is left out of stage fingerprints and evaluation resume keys, so earlier runs resume.
-NEUTRAL_VALUES: dict[str, Any] = {"search.widening": 0.0}
+NEUTRAL_VALUES: dict[str, Any] = {"search.widening": 0.0, "search.refine": "multi_turn"}
 
 
 def is_neutral(key: str, value: Any) -> bool:
@@ -199,6 +199,13 @@ class SearchConfig(Section):
         "the bug') or 'detailed' (a system prompt, the examples and constraints, code-only "
         "answer). Qwen2.5-Coder-0.5B solved 10/40 validation tasks with 'plain', 3/40 with "
         "'detailed' (docs/results.md); choose with bench/prompt_ab.py on validation tasks.",
+    )
+    refine: Literal["multi_turn", "one_turn"] = Field(
+        "multi_turn",
+        description="How a deeper node asks for rewrites: 'multi_turn' (the first turn, the "
+        "parent's answer as the model's own turn, then its failing visible tests) or 'one_turn' "
+        "(the first turn with the parent's program in place of the buggy one and its failing "
+        "visible tests). Compare them with bench/prompt_ab.py on validation tasks.",
     )
     max_tasks: int | None = Field(
         None, ge=1, description="Search at most N tasks of each collect shard (none: all)."

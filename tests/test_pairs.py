@@ -11,6 +11,7 @@ from codeq.schemas import (
     ChatMessage,
     Node,
     Pair,
+    Task,
     Trajectory,
     Verdict,
     read_jsonl,
@@ -170,10 +171,28 @@ def test_make_pairs_reads_shard_folders_and_writes_pairs_and_stats(tmp_path) -> 
         make_pairs([tmp_path / "empty"], tmp_path / "out2", load_config())
 
 
-def test_siblings_refining_a_program_that_passes_the_examples_are_left_out() -> None:
-    from codeq.policy.prompts import feedback_text
+@pytest.mark.parametrize("refine", ["multi_turn", "one_turn"])
+def test_siblings_refining_a_program_that_passes_the_examples_are_left_out(refine) -> None:
+    from codeq.policy.prompts import feedback_text, one_turn_refine_messages
 
-    asked_past_examples = [*PROMPT_A, ChatMessage(role="user", content=feedback_text([]))]
+    if refine == "multi_turn":
+        asked_past_examples = [*PROMPT_A, ChatMessage(role="user", content=feedback_text([]))]
+    else:
+        task = Task(
+            task_id="t1",
+            slug="add",
+            level="easy",
+            category="logic",
+            subtype="operation error",
+            description="Return a + b.",
+            buggy_code="def add(a, b):\n    return a - b\n",
+            oracle_code="def add(a, b):\n    return a + b\n",
+            entry={"kind": "function", "method": "add"},
+            examples=[],
+            visible_tests=[],
+            hidden_tests=[],
+        )
+        asked_past_examples = one_turn_refine_messages(task, "passes the examples", [])
     tree = trajectory(
         [
             node(0, None, "", 0.0),

@@ -40,7 +40,7 @@ def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
         "--variants",
         "detailed",
         "plain",
-        "plain_fresh",
+        "plain_one_turn",
         "--json",
         str(out),
     ]
@@ -48,12 +48,12 @@ def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| detailed | " in done.stdout and "| plain | " in done.stdout
     result = json.loads(out.read_text())
-    detailed, plain, plain_fresh = result["runs"]
+    detailed, plain, plain_one_turn = result["runs"]
     assert [row["task_id"] for row in detailed["tasks"]] == [
         row["task_id"] for row in plain["tasks"]
     ]
     # the same greedy first turn; only the refinement's prompt differs
-    assert first_turn(plain_fresh) == first_turn(plain)
+    assert first_turn(plain_one_turn) == first_turn(plain)
     for row, run in zip(result["table"], result["runs"], strict=True):
         assert row["tasks"] == 2
         assert row["solved"] == sum(task["solved"] for task in run["tasks"])

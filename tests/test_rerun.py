@@ -142,16 +142,22 @@ def test_a_forced_stage_is_unmarked_before_its_files_are_replaced(tmp_path, monk
     assert store.is_complete(prefix)
 
 
-def test_a_later_key_at_its_neutral_value_leaves_earlier_fingerprints_unchanged():
-    """search.widening came after runs existed: at 0 (what those runs did) the collect and
-    evaluate fingerprints are the ones they recorded, so they resume; at another value the
-    stage is stale and the change is named."""
-    neutral = load_config(overrides={"search": {"widening": 0.0}})
-    widened = load_config(overrides={"search": {"widening": 0.5}})
+@pytest.mark.parametrize(
+    ("key", "neutral_value", "other"),
+    [("widening", 0.0, 0.5), ("refine", "multi_turn", "one_turn")],
+)
+def test_a_later_key_at_its_neutral_value_leaves_earlier_fingerprints_unchanged(
+    key, neutral_value, other
+):
+    """search.widening and search.refine came after runs existed: at what those runs did the
+    collect and evaluate fingerprints are the ones they recorded, so they resume; at another
+    value the stage is stale and the change is named."""
+    neutral = load_config(overrides={"search": {"widening": 0.0, key: neutral_value}})
+    changed = load_config(overrides={"search": {"widening": 0.0, key: other}})
     for stage in ("collect", "evaluate"):
-        assert "search.widening" not in stage_config(neutral, stage)
-        assert stage_config(widened, stage)["search.widening"] == 0.5
-        earlier = {k: v for k, v in stage_config(widened, stage).items() if k != "search.widening"}
+        assert f"search.{key}" not in stage_config(neutral, stage)
+        assert stage_config(changed, stage)[f"search.{key}"] == other
+        earlier = {k: v for k, v in stage_config(changed, stage).items() if k != f"search.{key}"}
         assert stage_config(neutral, stage) == earlier
 
 

@@ -213,6 +213,25 @@ def test_feedback_never_mentions_hidden_failures_when_visible_tests_pass():
     assert "fails" not in feedback and "add(" not in feedback and "got -1" not in feedback
 
 
+@pytest.mark.parametrize("style", ["plain", "detailed"])
+def test_one_turn_refinement_shows_the_parent_program_as_the_code_to_fix(style):
+    task = make_task(hidden=2)
+    multi = Tree(task=task, settings=settings(prompt=style))
+    one = Tree(task=task, settings=settings(prompt=style, refine="one_turn"))
+    for tree in (multi, one):
+        node = tree.add_child(tree.root, [], fenced(program(0)), program(0), True)
+        node.verdict = ScriptedScorer()([(task, program(0))], "all")[0]  # fails add(1, 2)
+    multi_prompt = multi.prompt_for(multi.nodes[1])
+    one_prompt = one.prompt_for(one.nodes[1])
+    assert [m.role for m in multi_prompt][-3:] == ["user", "assistant", "user"]
+    assert "assistant" not in [m.role for m in one_prompt]
+    asked = one_prompt[-1].content
+    assert program(0).strip() in asked and BUGGY.strip() not in asked
+    assert "fails these tests" in asked and "add(1, 2)" in asked
+    # the root still asks the first turn, whichever refinement
+    assert one.prompt_for(one.root) == multi.prompt_for(multi.root)
+
+
 def test_invalid_rewrites_are_kept_but_untested_and_never_final():
     task = make_task()
     policy = ScriptedPolicy([fenced(BUGGY), "I cannot help", fenced(program(1)), "```python\n```"])

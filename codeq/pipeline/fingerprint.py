@@ -49,6 +49,7 @@ SEARCH_KEYS = [
     "search.widening",
     "search.bon_samples",
     "search.prompt",
+    "search.refine",
     "search.reward_tests",
     "search.stop_on_pass",
     "search.seed",

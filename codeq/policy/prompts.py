@@ -42,29 +42,41 @@ def problem_text(task: Task) -> str:
     return "\n\n".join(parts)
 
 
-def first_turn_messages(task: Task, style: str = "plain") -> list[ChatMessage]:
-    """The first turn of a repair (`search.prompt`): 'plain' or 'detailed'."""
+def first_turn_messages(
+    task: Task, style: str = "plain", code: str | None = None, feedback: str = ""
+) -> list[ChatMessage]:
+    """The first turn of a repair (`search.prompt`): 'plain' or 'detailed'. `code` (default: the
+    buggy program) and `feedback` (what its visible tests got) make it a one-turn refinement."""
     if style == "plain":
-        return plain_messages(task)
+        return plain_messages(task, code, feedback)
     if style == "detailed":
-        return agent_messages(task)
+        return agent_messages(task, code, feedback)
     raise ValueError(f"unknown prompt style {style!r}: use 'plain' or 'detailed'")
 
 
-def agent_messages(task: Task) -> list[ChatMessage]:
+def _with_feedback(feedback: str) -> str:
+    return f"{feedback}\n\n" if feedback else ""
+
+
+def agent_messages(task: Task, code: str | None = None, feedback: str = "") -> list[ChatMessage]:
     """The detailed first turn: a system prompt, the problem, examples, the buggy program."""
-    user = f"{problem_text(task)}\n\nBuggy program:\n{fenced(task.buggy_code)}\n\n{FIX_INSTRUCTION}"
+    program = task.buggy_code if code is None else code
+    user = (
+        f"{problem_text(task)}\n\nBuggy program:\n{fenced(program)}\n\n"
+        f"{_with_feedback(feedback)}{FIX_INSTRUCTION}"
+    )
     return [
         ChatMessage(role="system", content=SYSTEM_PROMPT),
         ChatMessage(role="user", content=user),
     ]
 
 
-def plain_messages(task: Task) -> list[ChatMessage]:
+def plain_messages(task: Task, code: str | None = None, feedback: str = "") -> list[ChatMessage]:
     """The plain first turn, also the zero-shot baseline's: the statement and the buggy code."""
+    program = task.buggy_code if code is None else code
     user = (
-        f"{task.description.strip()}\n\n{fenced(task.buggy_code)}\n\n"
-        "Fix the bug and give the corrected code."
+        f"{task.description.strip()}\n\n{fenced(program)}\n\n"
+        f"{_with_feedback(feedback)}Fix the bug and give the corrected code."
     )
     return [ChatMessage(role="user", content=user)]
 
@@ -120,26 +132,44 @@ PASSES_EXAMPLES = (
 )
 
 
+ONE_TURN_PASSES_EXAMPLES = (
+    "This program passes the examples. Check it carefully against the problem statement for "
+    "remaining bugs and edge cases."
+)
+
+
+def _failure_lines(failures: Sequence[FailedTest]) -> list[str]:
+    return [
+        f"Input: {failure.call}\nExpected: {failure.expected}\nGot: {failure.got}"
+        for failure in failures
+    ]
+
+
 def feedback_text(failures: Sequence[FailedTest]) -> str:
     """Feedback from failing *visible* tests only. When every visible test passes, nothing about
     other tests is said: hidden outcomes never reach a prompt."""
     if not failures:
         return f"{PASSES_EXAMPLES} {FIX_INSTRUCTION}"
-    lines = ["Your program fails these tests:"]
-    for failure in failures:
-        lines.append(f"Input: {failure.call}\nExpected: {failure.expected}\nGot: {failure.got}")
-    lines.append(FIX_INSTRUCTION)
-    return "\n\n".join(lines)
+    return "\n\n".join(
+        ["Your program fails these tests:", *_failure_lines(failures), FIX_INSTRUCTION]
+    )
+
+
+def one_turn_feedback_text(failures: Sequence[FailedTest]) -> str:
+    """The same feedback for a one-turn refinement, where the program is shown as the code to
+    fix rather than as the model's own answer (the first turn's instruction follows it)."""
+    if not failures:
+        return ONE_TURN_PASSES_EXAMPLES
+    return "\n\n".join(["This program fails these tests:", *_failure_lines(failures)])
 
 
 def asks_past_passing_examples(messages: Sequence[ChatMessage]) -> bool:
     """Whether this prompt refines a program that already passes every visible test. A search
     rewarded by visible tests stops at such a program, so evaluation never asks this."""
-    return (
-        bool(messages)
-        and messages[-1].role == "user"
-        and messages[-1].content.startswith(PASSES_EXAMPLES)
-    )
+    if not messages or messages[-1].role != "user":
+        return False
+    content = messages[-1].content
+    return content.startswith(PASSES_EXAMPLES) or ONE_TURN_PASSES_EXAMPLES in content
 
 
 def refine_messages(
@@ -153,6 +183,16 @@ def refine_messages(
         ChatMessage(role="assistant", content=parent_answer),
         ChatMessage(role="user", content=feedback_text(failures)),
     ]
+
+
+def one_turn_refine_messages(
+    task: Task, parent_program: str, failures: Sequence[FailedTest], style: str = "plain"
+) -> list[ChatMessage]:
+    """A deeper node's prompt in one turn (`search.refine: one_turn`): the first turn (in
+    `style`) with the parent's program in place of the buggy one and its failing visible tests
+    before the instruction. Qwen2.5-Coder-0.5B mostly repeats a program it is shown as its own
+    earlier answer (docs/results.md)."""
+    return first_turn_messages(task, style, parent_program, one_turn_feedback_text(failures))
 
 
 # ---------------------------------------------------------------- extraction

@@ -12,6 +12,7 @@ from codeq.config import SEARCH_MODES, CodeQConfig, SearchMode, eval_mode_of
 from codeq.policy.prompts import (
     fenced,
     first_turn_messages,
+    one_turn_refine_messages,
     plain_messages,
     refine_messages,
     visible_failures,
@@ -38,7 +39,9 @@ class SearchSettings:
     critique: bool
     critique_temperature: float
     critique_max_new_tokens: int
-    prompt: str  # no defaults here: the config's (search.prompt, search.widening) are the only ones
+    # no defaults here: the config's (search.prompt, .refine, .widening) are the only ones
+    prompt: str
+    refine: str
     widening: float
     seed: int = 0
     deterministic: bool = True
@@ -74,6 +77,7 @@ class SearchSettings:
             "deterministic": search.deterministic,
             "model": model,
             "prompt": search.prompt,
+            "refine": search.refine,
             "widening": search.widening,
         }
         if chosen in ("mcts", "bon"):
@@ -217,6 +221,8 @@ class Tree:
             return first_turn_messages(self.task, self.settings.prompt)
         outcomes = node.verdict.tests if node.verdict is not None else []
         failures = visible_failures(self.task, outcomes)
+        if self.settings.refine == "one_turn":
+            return one_turn_refine_messages(self.task, node.program, failures, self.settings.prompt)
         answer = node.completion or fenced(node.program)
         return refine_messages(self.task, answer, failures, self.settings.prompt)
 
