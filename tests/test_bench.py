@@ -1,4 +1,4 @@
-"""The generation and GPU benchmarks: their comparisons (parity, ABBA order, what a row counts,
+"""The generation and GPU benchmarks and the paired comparison of two evaluations: their
 the projection's arithmetic) and a tiny run of each. Timings are not checked: a run on this
 machine only proves the code path works."""
 
@@ -162,3 +162,40 @@ def test_decode_profile_times_each_arms_steps_alone(tiny_model_dir, capsys):
         assert re.search(rf"{arm}: +[\d.]+ ms thread CPU a step \(median of 5;", out), out
     assert "aten::mm" in out
     assert out.strip().splitlines()[-1].startswith("ratio generate / engine, thread CPU")
+
+
+def _results(split: str, per_task: dict[str, bool], budget_two: dict[str, bool]) -> dict:
+    def figure(solved: dict[str, bool]) -> dict:
+        return {"solved": sum(solved.values()), "per_task": solved, "programs": 2.0}
+
+    return {
+        "split": split,
+        "task_ids": sorted(per_task),
+        "modes": {"mcts": figure(per_task), "zero_shot": figure(per_task)},
+        "mcts_rollout_ablation": {"2": figure(budget_two)},
+        "bon_ablation": {},
+    }
+
+
+def test_compare_evals_pairs_every_shared_figure_and_refuses_other_tasks(tmp_path):
+    compare_evals = load_bench("compare_evals")
+    first = _results(
+        "validation", {"a": True, "b": True, "c": False}, {"a": True, "b": False, "c": False}
+    )
+    second = _results(
+        "validation", {"a": False, "b": True, "c": True}, {"a": True, "b": True, "c": False}
+    )
+    second["modes"].pop("zero_shot")
+    rows = {row["figure"]: row for row in compare_evals.compare(first, second)}
+    assert sorted(rows) == ["mcts", "mcts@2"]  # zero_shot is not in both
+    assert (rows["mcts"]["first"], rows["mcts"]["gained"], rows["mcts"]["lost"]) == (2, 1, 1)
+    assert rows["mcts"]["p_first_better"] == 0.75
+    assert (rows["mcts@2"]["gained"], rows["mcts@2"]["lost"]) == (0, 1)
+    elsewhere = _results("test", {"a": True, "b": True, "c": False}, {})
+    with pytest.raises(SystemExit, match="not on the same tasks"):
+        compare_evals.compare(first, elsewhere)
+    (tmp_path / "one.json").write_text(json.dumps(first))
+    (tmp_path / "two.json").write_text(json.dumps(second))
+    script = [sys.executable, str(BENCH / "compare_evals.py"), str(tmp_path / "one.json")]
+    done = subprocess.run([*script, str(tmp_path / "two.json")], capture_output=True, text=True)
+    assert done.returncode == 0 and "| mcts@2 | 3 | 1 | 2 | +0 / -1 (p = 1.0) |" in done.stdout
