@@ -1,5 +1,6 @@
 """The generation and GPU benchmarks and the paired comparison of two evaluations: their
-the projection's arithmetic) and a tiny run of each. Timings are not checked: a run on this
+comparisons (parity, ABBA order, what a row counts, the projection's arithmetic, gained and lost
+tasks) and a tiny run of each. Timings are not checked: a run on this
 machine only proves the code path works."""
 
 from __future__ import annotations
