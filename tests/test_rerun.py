@@ -117,7 +117,7 @@ def test_a_changed_train_key_names_old_and_new_value(tmp_path):
     speed = {"learning_rate": 5e-6, "gradient_checkpointing": True}
     assert train_stage(context(store, tmp_path, train=speed))["skipped"]
     elsewhere = str(tmp_path / "elsewhere")
-    assert train_stage(context(store, tmp_path, work_dir=elsewhere))["skipped"]
+    assert train_stage(context(store, tmp_path, work_dir=elsewhere, train=speed))["skipped"]
 
 
 def test_a_forced_stage_is_unmarked_before_its_files_are_replaced(tmp_path, monkeypatch):
