@@ -155,7 +155,7 @@ def test_mcts_expands_tests_critiques_and_stops_at_a_full_pass():
         [fenced(program(1)), fenced(program(2)), fenced(program(3)), fenced(program(1))]
     )
     scorer = ScriptedScorer()
-    [trajectory] = search([task], policy, scorer, settings(exploration=0.0))
+    [trajectory] = search([task], policy, scorer, settings(exploration=0.0, refine="multi_turn"))
     nodes = trajectory.nodes
     # rollout 1 expands the root into v1, v2; rollout 2 expands v2 (the best) into v3 (pass).
     assert [n.parent for n in nodes] == [None, 0, 0, 2, 2]
@@ -202,21 +202,23 @@ def test_progressive_widening_expands_a_visited_node_again(widening, parents):
     assert load_config(None, {"search": {"widening": widening}}).search.widening == widening
 
 
-def test_feedback_never_mentions_hidden_failures_when_visible_tests_pass():
+@pytest.mark.parametrize("refine", ["multi_turn", "one_turn"])
+def test_feedback_never_mentions_hidden_failures_when_visible_tests_pass(refine):
     task = make_task(hidden=2)
-    tree = Tree(task=task, settings=settings())
+    tree = Tree(task=task, settings=settings(refine=refine))
     node = tree.add_child(tree.root, [], "", program(1), True)
     passes_visible_only = ScriptedScorer()([(task, program(1))], "all")[0]
     passes_visible_only.tests.reverse()  # visible ok, both hidden fail
     node.verdict = passes_visible_only
     feedback = tree.prompt_for(node)[-1].content
-    assert "fails" not in feedback and "add(" not in feedback and "got -1" not in feedback
+    assert "passes the examples" in feedback and "fails" not in feedback
+    assert "Got:" not in feedback and "add(0, 0)" not in feedback and "add(1, 1)" not in feedback
 
 
 @pytest.mark.parametrize("style", ["plain", "detailed"])
 def test_one_turn_refinement_shows_the_parent_program_as_the_code_to_fix(style):
     task = make_task(hidden=2)
-    multi = Tree(task=task, settings=settings(prompt=style))
+    multi = Tree(task=task, settings=settings(prompt=style, refine="multi_turn"))
     one = Tree(task=task, settings=settings(prompt=style, refine="one_turn"))
     for tree in (multi, one):
         node = tree.add_child(tree.root, [], fenced(program(0)), program(0), True)
