@@ -213,6 +213,9 @@ def test_feedback_never_mentions_hidden_failures_when_visible_tests_pass(refine)
     feedback = tree.prompt_for(node)[-1].content
     assert "passes the examples" in feedback and "fails" not in feedback
     assert "Got:" not in feedback and "add(0, 0)" not in feedback and "add(1, 1)" not in feedback
+    assert "got -1" not in feedback
+    if refine == "multi_turn":  # the one-turn prompt shows the program, `def add(` included
+        assert "add(" not in feedback
 
 
 @pytest.mark.parametrize("style", ["plain", "detailed"])
