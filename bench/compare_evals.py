@@ -4,6 +4,9 @@ gained and lost against the second, and the exact one-sided McNemar p that the f
 
     python bench/compare_evals.py one_turn/results.json multi_turn/results.json
     python bench/compare_evals.py a.json b.json --json comparison.json
+    # MCTS at b rollouts (first) against best-of-(K*b) (second), the most programs b rollouts of
+    # K rewrites each can write
+    python bench/compare_evals.py mcts/results.json bon/results.json --mcts-vs-bon 2
 
 Results on different tasks (or a different split) are refused: a paired test needs the same
 tasks in the same conditions.
@@ -40,7 +43,27 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return named
 
 
-def compare(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any]]:
+def same_figures(first: dict[str, Any], second: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every figure both results measured, each paired with itself."""
+    theirs = figures(second)
+    return [(name, name) for name in figures(first) if name in theirs]
+
+
+def mcts_against_bon(
+    first: dict[str, Any], second: dict[str, Any], rewrites: int
+) -> list[tuple[str, str]]:
+    """The first's MCTS at each budget b against the second's best-of-N with N = rewrites * b."""
+    theirs = figures(second)
+    budgets = sorted(int(b) for b in first.get("mcts_rollout_ablation", {}))
+    pairs = [(f"mcts@{b}", f"bon@{b * rewrites}") for b in budgets]
+    return [(mine, other) for mine, other in pairs if other in theirs]
+
+
+def compare(
+    first: dict[str, Any], second: dict[str, Any], pairs: list[tuple[str, str]] | None = None
+) -> list[dict[str, Any]]:
+    """Paired rows for `pairs` of figure names (first's, second's); by default every figure both
+    measured."""
     if first.get("task_ids") != second.get("task_ids") or first.get("split") != second.get("split"):
         raise SystemExit(
             "error: the two results are not on the same tasks; hint: evaluate both on the same "
@@ -48,20 +71,20 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any
         )
     mine, theirs = figures(first), figures(second)
     rows = []
-    for name in [name for name in mine if name in theirs]:
-        a, b = mine[name]["per_task"], theirs[name]["per_task"]
+    for name, other in same_figures(first, second) if pairs is None else pairs:
+        a, b = mine[name]["per_task"], theirs[other]["per_task"]
         gained = sum(bool(a[task]) and not b[task] for task in a)
         lost = sum(bool(b[task]) and not a[task] for task in a)
         rows.append(
             {
-                "figure": name,
+                "figure": name if name == other else f"{name} vs {other}",
                 "tasks": len(a),
                 "first": mine[name]["solved"],
-                "second": theirs[name]["solved"],
+                "second": theirs[other]["solved"],
                 "gained": gained,
                 "lost": lost,
                 "p_first_better": round(one_sided_mcnemar(gained, lost), 4),
-                "programs": [mine[name].get("programs"), theirs[name].get("programs")],
+                "programs": [mine[name].get("programs"), theirs[other].get("programs")],
             }
         )
     return rows
@@ -72,10 +95,22 @@ def main() -> None:
     parser.add_argument("first", type=Path, help="results.json of the condition under test")
     parser.add_argument("second", type=Path, help="results.json it is compared against")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--mcts-vs-bon",
+        type=int,
+        metavar="K",
+        help="pair the first's MCTS at b rollouts with the second's best-of-(K*b), K being "
+        "search.rewrites_per_expansion",
+    )
     args = parser.parse_args()
-    rows = compare(load(args.first), load(args.second))
+    first, second = load(args.first), load(args.second)
+    pairs = None if args.mcts_vs_bon is None else mcts_against_bon(first, second, args.mcts_vs_bon)
+    rows = compare(first, second, pairs)
     if not rows:
-        raise SystemExit("error: the two results share no mode; hint: evaluate the same --modes")
+        hint = "the first needs MCTS budgets b and the second best-of-(K*b)"
+        if pairs is None:
+            hint = "evaluate the same --modes"
+        raise SystemExit(f"error: the two results share no figure to pair; hint: {hint}")
     print(
         f"| figure | tasks | {args.first} | {args.second} | gained / lost (p) | programs a task |"
     )

@@ -165,6 +165,36 @@ def test_decode_profile_times_each_arms_steps_alone(tiny_model_dir, capsys):
     assert out.strip().splitlines()[-1].startswith("ratio generate / engine, thread CPU")
 
 
+def test_compare_evals_pairs_mcts_budgets_with_best_of_n_at_their_most_programs(tmp_path):
+    compare_evals = load_bench("compare_evals")
+    mcts = _results(
+        "test", {"a": True, "b": False, "c": False}, {"a": False, "b": True, "c": False}
+    )
+    bon = _results("test", {"a": False, "b": False, "c": False}, {})
+    bon["bon_ablation"] = {
+        "4": {"solved": 2, "per_task": {"a": False, "b": True, "c": True}, "programs": 4.0},
+        "8": {"solved": 1, "per_task": {"a": False, "b": False, "c": True}, "programs": 8.0},
+    }
+    mcts["mcts_rollout_ablation"]["4"] = mcts["modes"]["mcts"]
+    pairs = compare_evals.mcts_against_bon(mcts, bon, rewrites=2)
+    assert pairs == [("mcts@2", "bon@4"), ("mcts@4", "bon@8")]
+    rows = {row["figure"]: row for row in compare_evals.compare(mcts, bon, pairs)}
+    assert (rows["mcts@2 vs bon@4"]["gained"], rows["mcts@2 vs bon@4"]["lost"]) == (0, 1)
+    assert (rows["mcts@4 vs bon@8"]["first"], rows["mcts@4 vs bon@8"]["second"]) == (1, 1)
+    assert (rows["mcts@4 vs bon@8"]["gained"], rows["mcts@4 vs bon@8"]["lost"]) == (1, 1)
+    (tmp_path / "mcts.json").write_text(json.dumps(mcts))
+    (tmp_path / "bon.json").write_text(json.dumps(bon))
+    script = [sys.executable, str(BENCH / "compare_evals.py"), str(tmp_path / "mcts.json")]
+    done = subprocess.run(
+        [*script, str(tmp_path / "bon.json"), "--mcts-vs-bon", "2"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "| mcts@4 vs bon@8 | 3 | 1 | 1 | +1 / -1" in done.stdout
+    done = subprocess.run(
+        [*script, str(tmp_path / "bon.json"), "--mcts-vs-bon", "8"], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "best-of-(K*b)" in done.stderr
+
+
 def _results(split: str, per_task: dict[str, bool], budget_two: dict[str, bool]) -> dict:
     def figure(solved: dict[str, bool]) -> dict:
         return {"solved": sum(solved.values()), "per_task": solved, "programs": 2.0}
