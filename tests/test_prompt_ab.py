@@ -52,8 +52,11 @@ def test_prompt_ab_compares_variants_on_the_same_tasks(tmp_path):
     assert [row["task_id"] for row in detailed["tasks"]] == [
         row["task_id"] for row in plain["tasks"]
     ]
-    # the same greedy first turn; only the refinement's prompt differs
+    # the same first turn, reused rather than decoded again; only the refinement's prompt differs
+    assert plain_one_turn["first_turn_of"] == "plain" and "first_turn_of" not in plain
+    assert plain_one_turn["tasks"] == plain["tasks"]
     assert first_turn(plain_one_turn) == first_turn(plain)
+    assert plain_one_turn["refine"]["parents"] == plain["refine"]["parents"]
     for row, run in zip(result["table"], result["runs"], strict=True):
         assert row["tasks"] == 2
         assert row["solved"] == sum(task["solved"] for task in run["tasks"])
