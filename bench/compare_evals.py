@@ -34,8 +34,16 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every figure a results.json holds, by name: 'mcts', 'mcts@4', 'bon@16', ..."""
-    named = dict(results.get("modes", {}))
+    """Every figure a results.json holds, by name: 'zero_shot', 'mcts@4', 'bon@16', ... A
+    search mode's headline figure is named by its budget, so that two results searched with
+    different rollouts (or samples) are not paired under the one name 'mcts' (or 'bon')."""
+    named = {}
+    for mode, figure in results.get("modes", {}).items():
+        if figure.get("rollouts"):
+            mode = f"mcts@{figure['rollouts']}"
+        elif figure.get("samples"):
+            mode = f"bon@{figure['samples']}"
+        named[mode] = figure
     for budget, figure in results.get("mcts_rollout_ablation", {}).items():
         named[f"mcts@{budget}"] = figure
     for samples, figure in results.get("bon_ablation", {}).items():

@@ -222,6 +222,10 @@ def test_compare_evals_pairs_every_shared_figure_and_refuses_other_tasks(tmp_pat
     assert (rows["mcts"]["first"], rows["mcts"]["gained"], rows["mcts"]["lost"]) == (2, 1, 1)
     assert rows["mcts"]["p_first_better"] == 0.75
     assert (rows["mcts@2"]["gained"], rows["mcts@2"]["lost"]) == (0, 1)
+    # headline figures searched with different rollouts are paired by budget, not by mode name
+    first["modes"]["mcts"]["rollouts"], second["modes"]["mcts"]["rollouts"] = 8, 2
+    rows = {row["figure"]: row for row in compare_evals.compare(first, second)}
+    assert sorted(rows) == ["mcts@2"] and rows["mcts@2"]["second"] == 2
     elsewhere = _results("test", {"a": True, "b": True, "c": False}, {})
     with pytest.raises(SystemExit, match="not on the same tasks"):
         compare_evals.compare(first, elsewhere)
