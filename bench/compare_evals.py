@@ -51,12 +51,6 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return named
 
 
-def same_figures(first: dict[str, Any], second: dict[str, Any]) -> list[tuple[str, str]]:
-    """Every figure both results measured, each paired with itself."""
-    theirs = figures(second)
-    return [(name, name) for name in figures(first) if name in theirs]
-
-
 def mcts_against_bon(
     first: dict[str, Any], second: dict[str, Any], rewrites: int
 ) -> list[tuple[str, str]]:
@@ -79,7 +73,9 @@ def compare(
         )
     mine, theirs = figures(first), figures(second)
     rows = []
-    for name, other in same_figures(first, second) if pairs is None else pairs:
+    if pairs is None:
+        pairs = [(name, name) for name in mine if name in theirs]
+    for name, other in pairs:
         a, b = mine[name]["per_task"], theirs[other]["per_task"]
         gained = sum(bool(a[task]) and not b[task] for task in a)
         lost = sum(bool(b[task]) and not a[task] for task in a)
