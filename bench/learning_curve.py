@@ -93,6 +93,16 @@ def parse_args() -> argparse.Namespace:
         "learning-rate.json under 'checked_after_choice'; the chosen run stays what it was",
     )
     parser.add_argument(
+        "--search-candidates",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="ROUND",
+        help="after the curve: the search modes (MCTS, best-of-N) on test of the candidates "
+        "these rounds trained and validation kept out, beside their single pass (reported, "
+        "never used). In docs/results.md, round 1's: the whole validation split promotes it",
+    )
+    parser.add_argument(
         "--write-eval-config",
         type=Path,
         metavar="FILE",
@@ -446,8 +456,16 @@ TRIAL_STAGES = ("train", "evaluate", "promote", "report")  # what each learning-
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from codeq.errors import ConfigError
     from codeq.pipeline.policies import current_policy
 
+    beyond = [number for number in args.search_candidates if not 0 <= number < args.rounds]
+    if beyond:
+        raise ConfigError(
+            f"--search-candidates {' '.join(map(str, beyond))}: this curve has rounds "
+            f"0-{args.rounds - 1}",
+            hint="name rounds the curve trains, or raise --rounds",
+        )
     curve = Curve(args)
     rates = len(args.learning_rates.split(","))
     round_weight = sum(WEIGHTS[stage] for stage in ROUND_STAGES)
@@ -456,8 +474,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sum(MODE_WEIGHTS.values()) * (args.rounds + 1)  # at most one promoted policy a round
         + args.rounds * round_weight
         + (rates - 1) * trial_weight
+        + (MODE_WEIGHTS["bon"] + MODE_WEIGHTS["mcts"]) * len(args.search_candidates)
     )
     evaluated: dict[str, Any] = {}  # lineage id -> (name, policy), in the order promoted
+    kept_out: dict[int, Any] = {}  # round -> (name, candidate) validation did not promote
     for number in range(args.rounds):
         if number == 0:  # 1. the base model's tasks, test modes, trajectories and pairs
             for stage in ("prepare", "collect", "pairs"):
@@ -489,10 +509,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if candidate is not None:
                 candidate_tested = f"round-{number}-candidate"
                 curve.test_modes(candidate_tested, candidate, SINGLE_PASS_MODES)
+                kept_out[number] = (candidate_tested, candidate)
         curve.record_round(number, tested, candidate_tested)
         write_summary(args)  # 5. the curve so far, from the result files alone
     for name, policy in evaluated.values():  # 6. then every mode, search included
         curve.test_modes(name, policy, TEST_MODES)
+    for number in args.search_candidates:  # 7. and of the kept-out candidates asked for
+        if number not in kept_out:
+            raise ConfigError(
+                f"--search-candidates {number}: round {number} has no candidate that "
+                "validation kept out in this curve",
+                hint=f"name rounds whose round-N.json says promoted: false (of 0-{args.rounds - 1})",
+            )
+        curve.test_modes(*kept_out[number], TEST_MODES)
     summary = write_summary(args)
     print(table(summary))
     return summary

@@ -14,7 +14,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_curve(out: Path, results: Path | None = None) -> subprocess.CompletedProcess:
+def run_curve(
+    out: Path, results: Path | None = None, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         str(REPO / "bench" / "learning_curve.py"),
@@ -27,6 +29,7 @@ def run_curve(out: Path, results: Path | None = None) -> subprocess.CompletedPro
         str(out),
         "--results",
         str(results or out / "results"),
+        *extra,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=3000, cwd=REPO)
 
@@ -77,6 +80,24 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     assert "starting" not in "".join(
         line for line in again.stderr.splitlines() if line.startswith("[curve]")
     )
+
+    # the search modes of a candidate validation kept out, when asked for; a round that
+    # promoted (or that the curve does not have) is refused with the reason
+    kept_out = [entry["round"] for entry in summary["rounds"] if entry["test_candidate"]]
+    promoted = [entry["round"] for entry in summary["rounds"] if entry["promoted"]]
+    for number in promoted:
+        refused = run_curve(tmp_path / "curve", extra=("--search-candidates", str(number)))
+        assert refused.returncode != 0
+        assert f"round {number} has no candidate that validation kept out" in refused.stderr
+    for number in kept_out:
+        searched = run_curve(tmp_path / "curve", extra=("--search-candidates", str(number)))
+        assert searched.returncode == 0, searched.stderr[-3000:]
+        summary = json.loads((tmp_path / "curve" / "results" / "summary.json").read_text())
+        candidate = summary["policies"][f"round-{number}-candidate"]
+        assert {"zero_shot", "full_rewrite", "mcts", "bon", "mcts@1", "bon@2"} <= set(
+            candidate["modes"]
+        )
+        assert summary["mcts_vs_bon"][f"round-{number}-candidate"]
 
     # the result files alone (what git holds) rebuild the same summary
     results = tmp_path / "curve" / "results"
@@ -166,3 +187,10 @@ def test_eval_config_for_another_machine_holds_the_curves_evaluation_settings(tm
     assert config.evaluate.rollout_ablation == [1, 2, 4, 8] and config.evaluate.max_tasks == 60
     assert config.policy.max_new_tokens == 512 and config.policy.critique_max_new_tokens == 24
     assert "model" not in written.read_text()  # the machine's own copy of the model is named
+
+
+def test_search_candidates_outside_the_curves_rounds_are_refused_before_anything_runs(tmp_path):
+    refused = run_curve(tmp_path / "curve", extra=("--search-candidates", "2", "5"))
+    assert refused.returncode != 0
+    assert "--search-candidates 2 5: this curve has rounds 0-1" in refused.stderr
+    assert not (tmp_path / "curve").exists()
