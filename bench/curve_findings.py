@@ -25,7 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from codeq.pairs import critique_signal  # noqa: E402
+from codeq.pairs import critique_signal, normalize_whitespace  # noqa: E402
 from codeq.schemas import Trajectory  # noqa: E402
 
 
@@ -64,11 +64,16 @@ def mode_findings(trajectories: list[Trajectory], max_new_tokens: int) -> dict[s
         cut_off += "```" not in node.completion.split("```", 1)[-1]
     signal = critique_signal(trajectories)
     n = max(len(rewrites), 1)
+    distinct = [  # how different a task's rewrites are: DPO may narrow what sampling explores
+        len({normalize_whitespace(node.program) for node in t.nodes[1:] if node.valid})
+        for t in trajectories
+    ]
     return {
         "tasks": len(trajectories),
         "rewrites": len(rewrites),
         "not_extracted": sum(not node.valid for _, node in rewrites) / n,
         "unchanged": unchanged / n,
+        "distinct_programs_per_task": sum(distinct) / max(len(trajectories), 1),
         "without_closing_fence": cut_off / n,
         "status": {key: value / n for key, value in sorted(statuses.items())},
         "completion_tokens_per_task": sum(t.completion_tokens for t in trajectories)
@@ -109,9 +114,9 @@ def findings(
 
 def table(found: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| policy | mode | tasks | rewrites | not extracted | unchanged | syntax error "
-        "| no closing fence | critique AUC | solved (95% CI) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | mode | tasks | rewrites | distinct a task | not extracted | unchanged "
+        "| syntax error | no closing fence | critique AUC | solved (95% CI) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for policy, modes in found.items():
         for mode, row in modes.items():
@@ -124,6 +129,7 @@ def table(found: dict[str, dict[str, Any]]) -> str:
             )
             lines.append(
                 f"| {policy} | {mode} | {row['tasks']} | {row['rewrites']} "
+                f"| {row['distinct_programs_per_task']:.1f} "
                 f"| {row['not_extracted']:.0%} | {row['unchanged']:.0%} "
                 f"| {row['status'].get('syntax_error', 0.0):.0%} "
                 f"| {row['without_closing_fence']:.0%} | {auc} | {solved} |"

@@ -145,6 +145,7 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     for mode in ("zero_shot", "full_rewrite", "mcts", "bon"):
         row = found["base"][mode]
         assert row["tasks"] == 2 and row["rewrites"] >= 2
+        assert 0 <= row["distinct_programs_per_task"] <= row["rewrites"] / row["tasks"]
         assert row["returned_program"]["per_task"] == recorded["modes"][mode]["per_task"]
 
     # a learning rate checked after the choice is trained and judged on validation too, and
