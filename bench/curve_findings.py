@@ -1,6 +1,7 @@
 """What the learning curve's searches show about the policy: extraction failures, rewrites that
-return the buggy program unchanged, syntax errors, rewrites cut off at the token budget, and
-whether the self-critique score carries any signal about which rewrites pass.
+return the buggy program unchanged, syntax errors, rewrites cut off at the token budget, how
+many distinct programs a task's rewrites are and on how many tasks one passes the search's
+reward tests, and whether the self-critique score carries any signal about which rewrites pass.
 
 Reads every evaluated policy's trajectories (finished or partial) under `--eval` (the folder
 bench/learning_curve.py writes: <out>/eval/<policy>/trajectories-<mode>[.partial].jsonl) and
@@ -74,6 +75,11 @@ def mode_findings(trajectories: list[Trajectory], max_new_tokens: int) -> dict[s
         "not_extracted": sum(not node.valid for _, node in rewrites) / n,
         "unchanged": unchanged / n,
         "distinct_programs_per_task": sum(distinct) / max(len(trajectories), 1),
+        "rewrites_passing_reward_tests": statuses.get("passed", 0),
+        "tasks_with_a_rewrite_passing_reward_tests": sum(
+            any(node.verdict is not None and node.verdict.passed for node in t.nodes[1:])
+            for t in trajectories
+        ),
         "without_closing_fence": cut_off / n,
         "status": {key: value / n for key, value in sorted(statuses.items())},
         "completion_tokens_per_task": sum(t.completion_tokens for t in trajectories)
@@ -114,9 +120,10 @@ def findings(
 
 def table(found: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| policy | mode | tasks | rewrites | distinct a task | not extracted | unchanged "
-        "| syntax error | no closing fence | critique AUC | solved (95% CI) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | mode | tasks | rewrites | distinct a task | passing reward tests (tasks) "
+        "| not extracted | unchanged | syntax error | no closing fence | critique AUC "
+        "| solved (95% CI) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for policy, modes in found.items():
         for mode, row in modes.items():
@@ -130,6 +137,8 @@ def table(found: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 f"| {policy} | {mode} | {row['tasks']} | {row['rewrites']} "
                 f"| {row['distinct_programs_per_task']:.1f} "
+                f"| {row['rewrites_passing_reward_tests']} "
+                f"({row['tasks_with_a_rewrite_passing_reward_tests']}) "
                 f"| {row['not_extracted']:.0%} | {row['unchanged']:.0%} "
                 f"| {row['status'].get('syntax_error', 0.0):.0%} "
                 f"| {row['without_closing_fence']:.0%} | {auc} | {solved} |"

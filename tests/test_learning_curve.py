@@ -146,6 +146,8 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
         row = found["base"][mode]
         assert row["tasks"] == 2 and row["rewrites"] >= 2
         assert 0 <= row["distinct_programs_per_task"] <= row["rewrites"] / row["tasks"]
+        passing = row["tasks_with_a_rewrite_passing_reward_tests"]
+        assert passing <= row["rewrites_passing_reward_tests"] and passing <= row["tasks"]
         assert row["returned_program"]["per_task"] == recorded["modes"][mode]["per_task"]
 
     # a learning rate checked after the choice is trained and judged on validation too, and
