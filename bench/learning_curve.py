@@ -512,15 +512,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 kept_out[number] = (candidate_tested, candidate)
         curve.record_round(number, tested, candidate_tested)
         write_summary(args)  # 5. the curve so far, from the result files alone
-    for name, policy in evaluated.values():  # 6. then every mode, search included
-        curve.test_modes(name, policy, TEST_MODES)
-    for number in args.search_candidates:  # 7. and of the kept-out candidates asked for
-        if number not in kept_out:
+        if number in args.search_candidates and number not in kept_out:  # known now, not hours on
             raise ConfigError(
                 f"--search-candidates {number}: round {number} has no candidate that "
                 "validation kept out in this curve",
                 hint=f"name rounds whose round-N.json says promoted: false (of 0-{args.rounds - 1})",
             )
+    for name, policy in evaluated.values():  # 6. then every mode, search included
+        curve.test_modes(name, policy, TEST_MODES)
+    for number in args.search_candidates:  # 7. and of the kept-out candidates asked for
         curve.test_modes(*kept_out[number], TEST_MODES)
     summary = write_summary(args)
     print(table(summary))
