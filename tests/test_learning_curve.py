@@ -15,14 +15,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_curve(
-    out: Path, results: Path | None = None, extra: tuple[str, ...] = ()
+    out: Path, results: Path | None = None, extra: tuple[str, ...] = (), rounds: int = 2
 ) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         str(REPO / "bench" / "learning_curve.py"),
         "--tiny",
         "--rounds",
-        "2",
+        str(rounds),
         "--learning-rates",
         "1e-3,1e-4",
         "--out",
@@ -82,9 +82,10 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     )
 
     # the search modes of a candidate validation kept out, when asked for; a round that
-    # promoted (or that the curve does not have) is refused with the reason
-    kept_out = [entry["round"] for entry in summary["rounds"] if entry["test_candidate"]]
-    promoted = [entry["round"] for entry in summary["rounds"] if entry["promoted"]]
+    # promoted (or that the curve does not have) is refused with the reason. One round of each
+    # kind is enough (each search costs a minute of the suite)
+    kept_out = [entry["round"] for entry in summary["rounds"] if entry["test_candidate"]][:1]
+    promoted = [entry["round"] for entry in summary["rounds"] if entry["promoted"]][:1]
     for number in promoted:
         refused = run_curve(tmp_path / "curve", extra=("--search-candidates", str(number)))
         assert refused.returncode != 0
@@ -114,8 +115,9 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     assert "| mode | base" in rebuilt.stdout
 
     # another machine: a fresh store, the same result files; the recorded learning rate is kept
-    # (the other trial's run never starts) and the base model's test evaluation is not redone
-    elsewhere = run_curve(tmp_path / "elsewhere", results=results)
+    # (the other trial's run never starts) and the base model's test evaluation is not redone.
+    # Round 0 shows it; a second round would only add minutes
+    elsewhere = run_curve(tmp_path / "elsewhere", results=results, rounds=1)
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
     started = [line for line in elsewhere.stderr.splitlines() if "starting" in line]
     (other,) = {"curve-lr0.001", "curve-lr0.0001"} - {chosen}
