@@ -552,6 +552,45 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def report(
+    args: argparse.Namespace,
+    run: Settings,
+    measured: list[Row],
+    notes: list[str],
+    started: float,
+    final: bool,
+) -> None:
+    """Write the table (and --json, --markdown) of the rows so far; a run cut off at a device
+    time limit keeps every part it finished. Only the final report prints the table."""
+    import torch
+
+    rows = list(measured)
+    if args.with_json:
+        earlier = json.loads(Path(args.with_json).read_text())
+        rows = [Row(**r) for r in earlier if r["part"] != "(c) round"] + rows
+    rows.sort(key=lambda row: row.part)  # stable: (a) rows, then (b), each in measured order
+    rows += projection_rows(rows, RoundWork(), max(run.batches))
+    fp32 = next((r for r in rows if r.arm == "LoRA fp32" and r.value), None)
+    for row in rows:
+        if row.part == "(b) DPO step" and row.value and fp32 and row is not fp32:
+            row.ratio = f"{fp32.value / row.value:.2f}x fp32's speed"
+    header = (
+        f"bench/gpu.py{' --tiny' if run.tiny else ''}: {device_name(run)}; torch {torch.__version__}; "
+        f"model: random {'tiny Qwen2' if run.tiny else 'Qwen2.5-Coder-7B-Instruct architecture'}; "
+        f"{run.new_tokens} new tokens, prompts {run.prompt_lengths[0]}-{run.prompt_lengths[1]} "
+        f"tokens; {time.perf_counter() - started:.0f}s"
+    )
+    text = "\n".join([header, "", table(rows), *(f"\n{n}" for n in notes)])
+    if final:
+        print(text, flush=True)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([r.__dict__ for r in rows], indent=2, default=str) + "\n"
+        )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny Qwen2 config on CPU")
@@ -624,30 +663,15 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    if args.with_json:
-        earlier = json.loads(Path(args.with_json).read_text())
-        rows = [Row(**r) for r in earlier if r["part"] != "(c) round"] + rows
-    rows.sort(key=lambda row: row.part)  # stable: (a) rows, then (b), each in measured order
-    rows += projection_rows(rows, RoundWork(), max(run.batches))
-    fp32 = next((r for r in rows if r.arm == "LoRA fp32" and r.value), None)
-    for row in rows:
-        if row.part == "(b) DPO step" and row.value and fp32 and row is not fp32:
-            row.ratio = f"{fp32.value / row.value:.2f}x fp32's speed"
-    notes = [n for n in [nf4_reason, *skipped] if n]
-    header = (
-        f"bench/gpu.py{' --tiny' if run.tiny else ''}: {device_name(run)}; torch {torch.__version__}; "
-        f"model: random {'tiny Qwen2' if run.tiny else 'Qwen2.5-Coder-7B-Instruct architecture'}; "
-        f"{run.new_tokens} new tokens, prompts {run.prompt_lengths[0]}-{run.prompt_lengths[1]} "
-        f"tokens; {time.perf_counter() - started:.0f}s"
-    )
-    text = "\n".join([header, "", table(rows), *(f"\n{n}" for n in notes)])
-    print(text, flush=True)
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps([r.__dict__ for r in rows], indent=2, default=str) + "\n"
-        )
+            report(
+                args,
+                run,
+                rows,
+                [f"partial: written after {name}; the parts after it have not run yet"],
+                started,
+                final=False,
+            )
+    report(args, run, rows, [n for n in [nf4_reason, *skipped] if n], started, final=True)
     return 0
 
 
