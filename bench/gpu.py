@@ -100,10 +100,11 @@ TINY: dict[str, Any] = {
 TINY_SPECIAL_IDS = {"<|endoftext|>": 1021, "<|im_start|>": 1022, "<|im_end|>": 1023}
 
 CHATML = (
-    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-ROLE_IDS = {"system": 0, "user": 1, "assistant": 2, "<unk>": 3}
+PROMPT_ALPHABET = "abcdefghijklmnopqrstuvwxyz"  # one token a letter (see char_tokenizer)
+FIRST_BYTE_ID = 8  # the 256 byte-level symbols take ids 8..263
 
 # HBM bandwidth by device name (bytes/s), for the batch-1 bound.
 BANDWIDTH = [
@@ -167,27 +168,42 @@ def settings(args: argparse.Namespace) -> Settings:
 # ---------------------------------------------------------------- model folder
 
 
-def word_tokenizer(vocab_size: int, special_ids: dict[str, int]) -> Any:
-    """One token a whitespace-separated word 'w<id>', roles and ChatML's specials at fixed
-    ids: prompts of an exact length, any generated id decodable."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def char_tokenizer(vocab_size: int, special_ids: dict[str, int]) -> Any:
+    """One token a character of PROMPT_ALPHABET, ChatML's specials at fixed ids: prompts of an
+    exact length, any generated id decodable. A byte-level BPE with no merges, because that is
+    what AutoTokenizer rebuilds for a Qwen2 model folder in transformers 5 (Qwen2Tokenizer
+    from tokenizer.json's vocab and merges); a word-level model would come back as one that
+    drops every word."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"w{i}": i for i in range(vocab_size)}
-    for word, index in {**ROLE_IDS, **special_ids}.items():
+    vocab = {f"w{i}": i for i in range(vocab_size)}  # ids the model may sample: decodable
+    for offset, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
+        del vocab[f"w{FIRST_BYTE_ID + offset}"]
+        vocab[symbol] = FIRST_BYTE_ID + offset
+    for word, index in special_ids.items():
         del vocab[f"w{index}"]
         vocab[word] = index
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend = Tokenizer(models.BPE(vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        unk_token="<unk>",
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
     )
     tokenizer.chat_template = CHATML
     return tokenizer
+
+
+def token_count(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> int:
+    """Tokens of the chat as the engine and the trainer see it (template rendered, then
+    encoded without added specials)."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def make_model_folder(run: Settings, folder: Path) -> Path:
@@ -200,7 +216,7 @@ def make_model_folder(run: Settings, folder: Path) -> Path:
     with torch.device(run.device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
-    word_tokenizer(run.arch["vocab_size"], run.special_ids).save_pretrained(folder)
+    char_tokenizer(run.arch["vocab_size"], run.special_ids).save_pretrained(folder)
     del model
     free_memory()
     return folder
@@ -214,8 +230,9 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def chat_prompts(count: int, lengths: tuple[int, int], vocab: int, seed: int = 0) -> list[Any]:
-    """`count` user turns of random words, lengths spread evenly over `lengths`."""
+def chat_prompts(count: int, lengths: tuple[int, int], seed: int = 0) -> list[Any]:
+    """`count` user turns of random letters (one token each), lengths spread evenly over
+    `lengths`."""
     import random
 
     from codeq.schemas import ChatMessage
@@ -225,8 +242,8 @@ def chat_prompts(count: int, lengths: tuple[int, int], vocab: int, seed: int = 0
     prompts = []
     for index in range(count):
         length = low + (index * 7919) % (high - low + 1)
-        words = " ".join(f"w{rng.randrange(8, vocab - 8)}" for _ in range(length))
-        prompts.append([ChatMessage(role="user", content=words)])
+        letters = "".join(rng.choice(PROMPT_ALPHABET) for _ in range(length))
+        prompts.append([ChatMessage(role="user", content=letters)])
     return prompts
 
 
@@ -296,7 +313,13 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
     label = "NF4" if quantization == "nf4" else dtype.replace("bfloat16", "bf16")
     read_bytes = weight_bytes(engine.model)
     limit = bandwidth(device_name(run))
-    prompts = chat_prompts(max(run.batches), run.prompt_lengths, run.arch["vocab_size"])
+    prompts = chat_prompts(max(run.batches), run.prompt_lengths)
+    short = [len(m[0].content) for m in prompts if len(engine.encode_chat(m)) < len(m[0].content)]
+    if short:  # the prompt-reading numbers depend on it: never guess
+        raise RuntimeError(
+            f"{len(short)} bench prompts encode to fewer tokens than their {short[0]} letters: "
+            "the model folder's tokenizer does not give one token a letter"
+        )
     rows = []
     for batch in run.batches:
         case = Case(f"batch {batch}", prompts[:batch])
@@ -312,12 +335,15 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
             if batch == 1:
                 decode = decode_rate(result, arm)
                 bound = limit / read_bytes if limit else None
-                note = f"decode {decode:.1f} tok/s" + (
-                    f" = {decode / bound:.0%} of the bandwidth bound {bound:.0f} tok/s "
-                    f"({read_bytes / 1e9:.2f} GB a step)"
-                    if bound
-                    else " (no bandwidth figure for this device)"
-                )
+                if decode is None:
+                    note = "decode rate not separable: the run took no longer than its TTFT"
+                else:
+                    note = f"decode {decode:.1f} tok/s" + (
+                        f" = {decode / bound:.0%} of the bandwidth bound {bound:.0f} tok/s "
+                        f"({read_bytes / 1e9:.2f} GB a step)"
+                        if bound
+                        else " (no bandwidth figure for this device)"
+                    )
             if arm == "engine":
                 note = "; ".join(
                     filter(None, [note, f"{agree['identical_rows']}/{agree['rows']} rows equal"])
@@ -345,11 +371,14 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
     return rows
 
 
-def decode_rate(result: Any, arm: str) -> float:
-    """Tokens a second after the first: (tokens - rows) / (seconds - time to first token)."""
+def decode_rate(result: Any, arm: str) -> float | None:
+    """Tokens a second after the first: (tokens - rows) / (seconds - time to first token);
+    None where the timed run was no longer than the separately timed first token."""
     ttft = result.median(arm, "ttft_s")
-    rates = [(r.tokens - len(r.rows)) / max(r.seconds - ttft, 1e-9) for r in result.runs[arm]]
-    return statistics.median(rates)
+    runs = [r for r in result.runs[arm] if r.seconds > ttft]
+    if not runs:
+        return None
+    return statistics.median((r.tokens - len(r.rows)) / (r.seconds - ttft) for r in runs)
 
 
 # ---------------------------------------------------------------- (b) one DPO step
@@ -363,18 +392,16 @@ def training_pairs(run: Settings, tokenizer: Any, count: int) -> list[Any]:
     from codeq.schemas import ChatMessage, Pair
 
     rng = random.Random(1)
-    vocab = run.arch["vocab_size"]
 
-    def words(n: int) -> str:
-        return " ".join(f"w{rng.randrange(8, vocab - 8)}" for _ in range(n))
+    def letters(n: int) -> str:
+        return "".join(rng.choice(PROMPT_ALPHABET) for _ in range(n))
 
-    overhead = len(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
-            tokenize=False,
-        ).split()
-    )
-    content = run.train_length - overhead
+    def length(pair: Any) -> int:
+        chat = [{"role": "user", "content": pair.prompt[0].content}]
+        return token_count(tokenizer, [*chat, {"role": "assistant", "content": pair.chosen}], False)
+
+    empty = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    content = run.train_length - token_count(tokenizer, empty, False)
     completion = content // 4
     pairs = []
     for index in range(count):
@@ -384,12 +411,17 @@ def training_pairs(run: Settings, tokenizer: Any, count: int) -> list[Any]:
                 slug=f"slug{index % 4}",
                 level="easy",
                 category="logic",
-                prompt=[ChatMessage(role="user", content=words(content - completion))],
-                chosen=words(completion),
-                rejected=words(completion),
+                prompt=[ChatMessage(role="user", content=letters(content - completion))],
+                chosen=letters(completion),
+                rejected=letters(completion),
                 q_chosen=1.0,
                 q_rejected=0.0,
             )
+        )
+    if length(pairs[0]) != run.train_length:  # the step's cost depends on it: never guess
+        raise RuntimeError(
+            f"a bench pair is {length(pairs[0])} tokens, not {run.train_length}: the model "
+            "folder's tokenizer does not give one token a letter"
         )
     return pairs
 

@@ -74,16 +74,35 @@ def test_generate_bench_checks_parity_and_prints_the_ratio_last(tiny_model_dir, 
         assert len(batch3["ttft_runs_cpu_s"]) == 2 and batch3["decode_tokens_per_cpu_s"] > 0
 
 
-def test_word_tokenizer_gives_prompts_of_an_exact_length():
-    tokenizer = gpu.word_tokenizer(1024, gpu.TINY_SPECIAL_IDS)
-    [messages] = gpu.chat_prompts(1, (40, 40), 1024)
+def test_bench_model_folder_tokenizes_one_token_a_letter(tmp_path):
+    """Through AutoTokenizer on the saved folder, as the engine and the trainer load it
+    (transformers 5 rebuilds a Qwen2 folder's tokenizer as Qwen2Tokenizer)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    gpu.char_tokenizer(1024, gpu.TINY_SPECIAL_IDS).save_pretrained(tmp_path)
+    AutoConfig.for_model(**gpu.TINY).save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    [messages] = gpu.chat_prompts(1, (40, 40))
     text = tokenizer.apply_chat_template(
         [m.model_dump() for m in messages], tokenize=False, add_generation_prompt=True
     )
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert len(ids) == 40 + 5  # <|im_start|> user ... <|im_end|> <|im_start|> assistant
-    assert ids[0] == 1022 and ids[-2:] == [1022, 2]
-    assert tokenizer.decode([5, 1023, 900], skip_special_tokens=True) == "w5 w900"
+    overhead = gpu.token_count(tokenizer, [{"role": "user", "content": ""}], True)
+    assert len(ids) == 40 + overhead
+    assert ids[0] == 1022 and ids.count(1022) == 2 and ids.count(1023) == 1
+    assert tokenizer.decode([900, 1023, 901], skip_special_tokens=True) == "w900w901"
+
+
+def test_bench_pairs_are_exactly_the_training_length(tmp_path):
+    run = gpu.settings(gpu.parse_args(["--tiny"]))
+    folder = gpu.make_model_folder(run, tmp_path / "model")
+    from codeq.train.model import load_tokenizer
+
+    tokenizer = load_tokenizer(str(folder))
+    [pair] = gpu.training_pairs(run, tokenizer, 1)
+    chat = [{"role": "user", "content": pair.prompt[0].content}]
+    rejected = [*chat, {"role": "assistant", "content": pair.rejected}]
+    assert gpu.token_count(tokenizer, rejected, False) == run.train_length
 
 
 def test_weight_bytes_leave_out_the_embedding_table():
