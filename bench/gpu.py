@@ -1,8 +1,8 @@
 """Rollout generation and DPO at Qwen2.5-Coder-7B-Instruct's size on one GPU, in one table.
 
 The model is random-initialised with the exact architecture of Qwen2.5-Coder-7B-Instruct (its
-config.json values are written below; no weights are needed), with a word-level tokenizer made
-here (one token a word, ChatML template, Qwen's special-token ids), saved once as a model
+config.json values are written below; no weights are needed), with a tokenizer made here (one
+token a letter, ChatML template, Qwen's special-token ids), saved once as a model
 folder so that every arm loads it the way production loads a checkpoint.
 
 (a) generation: the engine (`PolicyEngine.generate`) against `model.generate`, same prompts
