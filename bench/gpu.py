@@ -314,7 +314,10 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
     read_bytes = weight_bytes(engine.model)
     limit = bandwidth(device_name(run))
     prompts = chat_prompts(max(run.batches), run.prompt_lengths)
-    short = [len(m[0].content) for m in prompts if len(engine.encode_chat(m)) < len(m[0].content)]
+    encoded = [len(engine.encode_chat(m)) for m in prompts]
+    short = [
+        len(m[0].content) for m, n in zip(prompts, encoded, strict=True) if n < len(m[0].content)
+    ]
     if short:  # the prompt-reading numbers depend on it: never guess
         raise RuntimeError(
             f"{len(short)} bench prompts encode to fewer tokens than their {short[0]} letters: "
@@ -323,7 +326,7 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
     rows = []
     for batch in run.batches:
         case = Case(f"batch {batch}", prompts[:batch])
-        prompt_tokens = statistics.mean(len(engine.encode_chat(m)) for m in case.messages)
+        prompt_tokens = statistics.mean(encoded[:batch])
         result = measure_case(engine, case, run.new_tokens, run.repeats)
         ours, theirs = result.runs["engine"][0].rows, result.runs["generate"][0].rows
         if run.tiny:  # float32: the timed outputs must be equal
@@ -418,9 +421,10 @@ def training_pairs(run: Settings, tokenizer: Any, count: int) -> list[Any]:
                 q_rejected=0.0,
             )
         )
-    if length(pairs[0]) != run.train_length:  # the step's cost depends on it: never guess
+    measured = length(pairs[0])
+    if measured != run.train_length:  # the step's cost depends on it: never guess
         raise RuntimeError(
-            f"a bench pair is {length(pairs[0])} tokens, not {run.train_length}: the model "
+            f"a bench pair is {measured} tokens, not {run.train_length}: the model "
             "folder's tokenizer does not give one token a letter"
         )
     return pairs
