@@ -1,6 +1,7 @@
 """Two chained local rounds with the real SmolLM2-135M: round 1 samples from the policy round 0
-promoted (recorded lineage; logits that differ from the base) and trains on it as DPO's reference;
-a round whose predecessor has not finished is refused."""
+promoted (recorded lineage; logits that differ from the base) and trains on it as DPO's reference,
+and its evaluation reuses the trees round 0 searched for that policy; a round whose predecessor
+has not finished is refused."""
 
 from __future__ import annotations
 
@@ -149,6 +150,20 @@ def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, mo
     assert first["rewards/rejected"] == pytest.approx(0.0, abs=1e-5)  # reference is that policy
     round1_decision = store.get_json(round1.stage("promote") + "/decision.json")
     assert Lineage.model_validate(round1_decision["incumbent"]) == candidate
+    # round 1's incumbent is round 0's candidate: its trees are reused (the same wall seconds
+    # recorded per tree, which a second search could not reproduce), its programs scored again
+    for split in ("validation", "test"):
+        searched = f"candidate/{split}/trajectories-full_rewrite.jsonl"
+        reused = f"incumbent/{split}/trajectories-full_rewrite.jsonl"
+        earlier = read_jsonl(_file(store, round0.stage("eval"), searched, tmp_path), Trajectory)
+        later = read_jsonl(_file(store, round1.stage("eval"), reused, tmp_path), Trajectory)
+        assert later == earlier and any(t.seconds > 0 for t in later)
+        results = [
+            store.get_json(f"{layout.stage('eval')}/{role}/{split}/results.json")
+            for layout, role in ((round0, "candidate"), (round1, "incumbent"))
+        ]
+        per_task = [result["modes"]["full_rewrite"]["per_task"] for result in results]
+        assert per_task[0] == per_task[1]
 
 
 def _file(store, prefix: str, name: str, tmp_path):

@@ -311,6 +311,12 @@ class _Evaluation:
         results.modes["bon"] = results.bon_ablation[str(self.config.search.bon_samples)]
 
 
+def is_resume_file(name: str) -> bool:
+    """Whether a file of an evaluation's folder is a mode's resume state (its searched trees or
+    their key): copied into another evaluation's folder, it is used only where the key matches."""
+    return name.startswith("trajectories-") and name.endswith((".partial.jsonl", ".partial.json"))
+
+
 class _ModeResume:
     """The trees one mode has finished so far: trajectories-<mode>.partial.jsonl plus a small
     state file holding the key they were searched under and the seconds spent. A different key

@@ -465,9 +465,10 @@ EVAL_ROLES = ("candidate", "incumbent")
 
 def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     """Evaluate the round's candidate (the incumbent with the new adapter merged) and the
-    incumbent (the run's current policy, evaluated again every round) on the same tasks: the
-    validation split in promotion.modes (promotion decides there) and the test split in
-    evaluate.modes (reported only). Writes eval/<role>/<split>/results.json."""
+    incumbent (the run's current policy, scored again every round; the trees an earlier round
+    searched for it are reused) on the same tasks: the validation split in promotion.modes
+    (promotion decides there) and the test split in evaluate.modes (reported only). Writes
+    eval/<role>/<split>/results.json."""
     prefix = ctx.layout.stage("eval")
     inputs = _policy_inputs(
         ctx, tasks=ctx.layout.stage("tasks"), adapter=ctx.layout.stage("adapter")
@@ -494,6 +495,7 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
             splits = ["validation", "test"]
         for split in splits:
             log(f"evaluate: the {role} ({policy.describe()}) on the {split} tasks")
+            _carry_over_searches(ctx, policy, split, out_dir / role / split)
             results = _evaluate(ctx, policy, tasks_dir, split, out_dir / role / split)
             summary[f"{role}/{split}"] = {
                 "mode": results.primary_mode,
@@ -504,6 +506,41 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     write_json(out_dir / "summary.json", summary)
     ctx.store.put_dir(prefix, out_dir)
     return _finish(ctx, run, {"policies": list(policies), **summary})
+
+
+def _carry_over_searches(ctx: StageContext, policy: Lineage, split: Split, out_dir: Path) -> None:
+    """The trees an earlier round of the run searched for the same policy on the same split,
+    copied in as this evaluation's resume state: the incumbent is the policy an earlier round
+    evaluated (last round's promoted candidate, or the incumbent it kept), and searching it
+    again would repeat the same seeded generation. Each mode's resume key (policy, model and
+    search settings) still decides what is used, so a changed setting searches afresh; tasks the
+    earlier trees lack are searched; every returned program is scored again."""
+    from codeq.evaluate.run import is_resume_file
+
+    if out_dir.is_dir() and any(is_resume_file(path.name) for path in out_dir.iterdir()):
+        return  # this evaluation's own progress (after a preemption) comes first
+    for number in range(ctx.layout.round - 1, -1, -1):
+        prefix = ctx.layout.of_round(number).stage("eval")
+        if not ctx.store.is_complete(prefix):
+            continue
+        files = ctx.store.read_manifest(prefix)["files"]
+        for role in EVAL_ROLES:
+            folder = f"{role}/{split}"
+            if f"{folder}/results.json" not in files:
+                continue
+            earlier = ctx.workdir(f"eval-earlier/round-{number}/{folder}")
+            ctx.store.get_verified_file(prefix, f"{folder}/results.json", earlier / "results.json")
+            if EvalResults.load(earlier).policy != policy:
+                continue
+            for relative in files:
+                name = relative.removeprefix(f"{folder}/")
+                if name != relative and "/" not in name and is_resume_file(name):
+                    ctx.store.get_verified_file(prefix, relative, out_dir / name)
+            log(
+                f"evaluate: round {number} searched this policy on the {split} tasks as its "
+                f"{role}; its trees are reused where the search settings match, and scored again"
+            )
+            return
 
 
 def _evaluate(
