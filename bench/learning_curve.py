@@ -21,7 +21,8 @@ training and validation decision), `learning-rate.json`, `pairs-alpha.json`, `ti
 and is what docs/results.md shows. The store (trajectories, adapters) stays on the machine; on
 another one the curve reruns its stages but keeps what the results already decided (the
 learning rate: only the chosen run trains again) and measured (a test evaluation of the same
-policy is not redone).
+policy is not redone), and says whether each round's candidate came out identical to the one
+its round-N.json recorded.
 
     # the summary and the table from a clone's result files alone
     python bench/learning_curve.py --summary-only --results docs/results/learning-curve
@@ -394,10 +395,12 @@ class Curve:
             "reason": decision["reason"],
             "validation": decision.get("comparisons", []),
             "incumbent": decision.get("incumbent"),
+            "candidate": decision.get("candidate"),
             "test_policy": tested,
             "test_candidate": candidate,
         }
         target = self.results / f"round-{number}.json"
+        report_reproduction(number, read_json_or(target, {}).get("candidate"), entry["candidate"])
         write_result(target, entry)
 
     def copy_round_inputs(self, run: str) -> None:
@@ -633,6 +636,23 @@ def mcts_vs_bon(evaluation: Any, rewrites: int) -> list[dict[str, Any]]:
             paired = compare_modes(label, mcts, evaluation.bon_ablation[samples])
             rows.append({**paired.model_dump(), "mcts_programs": mcts.programs})
     return rows
+
+
+def report_reproduction(number: int, recorded: Any, computed: Any) -> None:
+    """On another machine a round is computed again from its inputs: say whether its candidate
+    (the adapter's sha256 in its lineage) is the one the results recorded, so that reusing a
+    recorded measurement of it is shown to be sound, or that it is not."""
+    if not recorded or not computed:
+        return
+    same = recorded == computed
+    print(
+        f"[curve] round {number}'s candidate computed again: "
+        + ("identical to the recorded one" if same else "differs from the recorded one")
+        + f" (adapter sha256 {recorded['adapters'][-1]['sha256'][:12]} recorded, "
+        f"{computed['adapters'][-1]['sha256'][:12]} now)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def read_json_or(path: Path, default: Any) -> Any:

@@ -123,6 +123,10 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     (other,) = {"curve-lr0.001", "curve-lr0.0001"} - {chosen}
     assert not [line for line in started if f"{other} " in line or "of base" in line]
     assert any(f"{chosen} round 0 train" in line for line in started)
+    # training is deterministic: the adapter trained again is the recorded one, bit for bit
+    if json.loads((results / "round-0.json").read_text())["candidate"]:
+        reproduced = "round 0's candidate computed again: identical to the recorded one"
+        assert reproduced in elsewhere.stderr
 
     # what the searches show, read from the same run's trajectories and scored again
     findings = subprocess.run(
