@@ -52,7 +52,7 @@ SINGLE_PASS_MODES = ["zero_shot", "full_rewrite"]
 BASE_RUN = "curve"  # round 0's tasks, trajectories and pairs; each learning rate's run copies them
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "codeq-runs" / "curve")
     parser.add_argument(
@@ -110,7 +110,7 @@ def parse_args() -> argparse.Namespace:
         help="write the curve's policy, search and evaluate settings as YAML for `codeq evaluate "
         "-c FILE` on another machine (the test evaluation on a GPU) and exit",
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def curve_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -40,11 +40,8 @@ def main() -> None:
     from codeq.schemas import Task, read_jsonl
     from codeq.search import run_search
 
-    sys_argv, sys.argv = sys.argv, [sys.argv[0]]
-    settings = learning_curve.curve_settings(learning_curve.parse_args())
-    sys.argv = sys_argv
-    if args.model:
-        settings["policy"]["model"] = args.model
+    curve_args = learning_curve.parse_args(["--model", args.model] if args.model else [])
+    settings = learning_curve.curve_settings(curve_args)
     if args.max_new_tokens:
         settings["policy"]["max_new_tokens"] = args.max_new_tokens
     config = load_config(None, settings).derive(search={"mode": "mcts"})

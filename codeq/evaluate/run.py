@@ -311,10 +311,13 @@ class _Evaluation:
         results.modes["bon"] = results.bon_ablation[str(self.config.search.bon_samples)]
 
 
+_RESUME_PREFIX, _RESUME_TREES, _RESUME_STATE = "trajectories-", ".partial.jsonl", ".partial.json"
+
+
 def is_resume_file(name: str) -> bool:
     """Whether a file of an evaluation's folder is a mode's resume state (its searched trees or
     their key): copied into another evaluation's folder, it is used only where the key matches."""
-    return name.startswith("trajectories-") and name.endswith((".partial.jsonl", ".partial.json"))
+    return name.startswith(_RESUME_PREFIX) and name.endswith((_RESUME_TREES, _RESUME_STATE))
 
 
 class _ModeResume:
@@ -323,8 +326,8 @@ class _ModeResume:
     (another policy or search setting) starts the mode over."""
 
     def __init__(self, out_dir: Path, mode: str, key: str) -> None:
-        self.partial = out_dir / f"trajectories-{mode}.partial.jsonl"
-        self.state = out_dir / f"trajectories-{mode}.partial.json"
+        self.partial = out_dir / f"{_RESUME_PREFIX}{mode}{_RESUME_TREES}"
+        self.state = out_dir / f"{_RESUME_PREFIX}{mode}{_RESUME_STATE}"
         self.key = key
         self.done: dict[str, Trajectory] = {}
         self.seconds_before = 0.0
