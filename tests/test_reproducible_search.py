@@ -96,3 +96,55 @@ def test_search_runs_with_samples_below_at_and_above_the_batch_size(
 def test_single_rewrite_modes_run(engine, tasks, sandbox, mode):
     trajectories = run_search(tasks, engine, sandbox, config().derive(search={"mode": mode}))
     assert [len(t.nodes) for t in trajectories] == [2] * len(tasks)
+
+
+class Stopped(Exception):
+    """Stands for a kill of the collect process after some trees were written."""
+
+
+def test_a_stopped_and_resumed_collection_writes_the_uninterrupted_trees(
+    tiny_model_dir, sandbox, tmp_path
+):
+    """Five tasks in groups of two: the collection is stopped after its third tree (inside the
+    second group), resumed, and must hold exactly the trees of an uninterrupted collection,
+    each once: the unfinished group is searched whole again, not without its finished task.
+    In bfloat16, as the curve runs, whose rounding depends on what shares the batch."""
+    policy = PolicyConfig(model=str(tiny_model_dir), dtype="bfloat16", batch_size=BATCH)
+    engine = PolicyEngine.load(policy, seed=0)
+    from codeq.schemas import Trajectory
+    from codeq.search.collect import collect
+
+    tasks_file = tmp_path / "tasks.jsonl"
+    prepared = tmp_path / "prepared"
+    assert cli.run(["prepare", "--source", "builtin", "--out", str(prepared)]) == 0
+    tasks_file.write_text("".join((prepared / "train.jsonl").read_text().splitlines(True)[:5]))
+    settings = config(temperature=1.0)
+    whole = tmp_path / "whole.jsonl"
+    collect(tasks_file, whole, settings, engine=engine, scorer=None, progress=False)
+
+    written = 0
+
+    def stop_after_three(_: Trajectory) -> None:
+        nonlocal written
+        written += 1
+        if written == 3:
+            raise Stopped
+
+    resumed = tmp_path / "resumed.jsonl"
+    with pytest.raises(Stopped):
+        collect(tasks_file, resumed, settings, engine=engine, on_trajectory=stop_after_three)
+    assert len(read_jsonl(resumed, Trajectory)) == 3
+    stats = collect(tasks_file, resumed, settings, engine=engine, progress=False)
+    assert stats["skipped"] == 3 and stats["searched"] == 2
+
+    def trees(path: Path) -> dict[str, list]:
+        return {
+            t.task_id: [
+                (n.completion, n.program, n.critique, n.verdict and n.verdict.n_passed)
+                for n in t.nodes
+            ]
+            for t in read_jsonl(path, Trajectory)
+        }
+
+    assert len(trees(whole)) == 5
+    assert trees(resumed) == trees(whole)

@@ -189,7 +189,9 @@ class _Evaluation:
 
     def _search(self, mode: EvalMode, sandbox: Any) -> tuple[list[Trajectory], float]:
         """Search every task in `mode`. Each finished tree is appended to a partial file at once,
-        so an interrupted evaluation resumes with the tasks it has not searched yet."""
+        so an interrupted evaluation resumes with the tasks it has not searched yet (a
+        deterministic search redoes the rest of the task group it was stopped in, so the trees
+        are those of an uninterrupted run)."""
         from codeq.search import run_search
 
         rollouts = None
@@ -216,11 +218,12 @@ class _Evaluation:
                 bar.update(1)
 
             run_search(
-                remaining,
+                self.tasks,
                 self.engine,
                 sandbox,
                 self._search_config(mode, rollouts),
                 on_trajectory=finished,
+                done=set(resume.done),
             )
         trajectories = [resume.done[task.task_id] for task in self.tasks]
         return trajectories, resume.seconds_before + time.perf_counter() - started

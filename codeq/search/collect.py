@@ -1,8 +1,10 @@
 """`collect`: search one shard of a tasks file and append each trajectory as soon as it is done.
 
-Resumable: task ids already in `out_path` are skipped, and a torn last line (a kill during a
-write) is cut off before appending, so a restart never duplicates a task and loses at most the
-tasks that were in flight.
+Resumable: task ids already in `out_path` are not written again, and a torn last line (a kill
+during a write) is cut off before appending, so a restart never duplicates a task and loses at
+most the tasks that were in flight. A deterministic search redoes the unfinished part of the
+fixed task group it was stopped in (`codeq.search.mcts.search_groups`), so the resumed
+collection holds the trees of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def collect(
 
                 lineage = base_lineage(config.policy)
         trajectories = _search_and_append(
-            todo, out_path, config, engine, lineage, on_trajectory, scorer, progress
+            tasks, done, out_path, config, engine, lineage, on_trajectory, scorer, progress
         )
     stats = summarize(trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started)
     stats["policy"] = lineage.model_dump(mode="json") if lineage is not None else None
@@ -79,7 +81,8 @@ def collect(
 
 
 def _search_and_append(
-    todo: list[Task],
+    tasks: list[Task],
+    done: set[str],
     out_path: Path,
     config: CodeQConfig,
     engine: Policy,
@@ -89,7 +92,8 @@ def _search_and_append(
     progress: bool,
 ) -> list[Trajectory]:
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    bar = progress_bar(len(todo), "collect", enabled=progress)
+    bar = progress_bar(len(tasks), "collect", enabled=progress)
+    bar.update(len(done))
 
     def append(trajectory: Trajectory) -> None:
         trajectory.policy = lineage
@@ -101,11 +105,13 @@ def _search_and_append(
 
     try:
         if scorer is not None:
-            return run_search(todo, engine, None, config, on_trajectory=append, scorer=scorer)
+            return run_search(
+                tasks, engine, None, config, on_trajectory=append, scorer=scorer, done=done
+            )
         from codeq.sandbox import Sandbox
 
         with Sandbox(config.sandbox) as sandbox:
-            return run_search(todo, engine, sandbox, config, on_trajectory=append)
+            return run_search(tasks, engine, sandbox, config, on_trajectory=append, done=done)
     finally:
         bar.close()
 

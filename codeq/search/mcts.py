@@ -12,7 +12,7 @@ finished trees leave while waiting tasks take their place.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -116,10 +116,12 @@ def run_search(
     *,
     on_trajectory: TrajectoryCallback | None = None,
     scorer: Scorer | None = None,
+    done: Collection[str] = (),
 ) -> list[Trajectory]:
-    """Search every task as config.search says (mode, reward_tests, rollouts or bon_samples);
-    one trajectory per task, in task order. `on_trajectory` is called as soon as each tree
-    finishes. `scorer` replaces the sandbox scorer (tests)."""
+    """Search every task as config.search says (mode, reward_tests, rollouts or bon_samples)
+    but those whose ids are in `done` (searched before an interruption); one trajectory per
+    task searched, in task order. `on_trajectory` is called as soon as each tree finishes.
+    `scorer` replaces the sandbox scorer (tests)."""
     settings = SearchSettings.resolve(config, model=getattr(engine, "name", ""))
     if scorer is None:
         if sandbox is None:
@@ -127,7 +129,7 @@ def run_search(
 
             raise ConfigError("run_search needs a sandbox (or a scorer) to test rewrites")
         scorer = sandbox_scorer(sandbox)
-    return search(tasks, engine, scorer, settings, on_trajectory=on_trajectory)
+    return search(tasks, engine, scorer, settings, on_trajectory=on_trajectory, done=done)
 
 
 def tree_search(tree: Tree) -> TreeSteps:
@@ -185,19 +187,61 @@ def search(
     settings: SearchSettings,
     *,
     on_trajectory: TrajectoryCallback | None = None,
+    done: Collection[str] = (),
 ) -> list[Trajectory]:
-    """Advance up to `settings.parallel_trees` trees together until every task is searched.
-    Deterministic settings (or a lockstep stand-in) test in turn with generation, from an empty
-    prefix cache, so the same tasks and settings give the same batches and results; otherwise
-    the sandbox tests in a background thread while the policy decodes (a GPU would otherwise
-    idle during every sandbox batch)."""
+    """Search every task not in `done`, up to `settings.parallel_trees` trees together; return
+    their trajectories in task order.
+
+    Deterministic settings (or a lockstep stand-in) test in turn with generation and search the
+    tasks in fixed groups by position (`search_groups`), each group alone from an empty prefix
+    cache. A group's batches then depend on its own tasks only, never on which tasks an earlier,
+    interrupted run already finished: a group with some tasks `done` is searched whole again
+    (those tasks' trees are not handed on), so stopping and resuming gives the trees of one
+    uninterrupted run. Otherwise the remaining tasks stream through one loop and the sandbox
+    tests in a background thread while the policy decodes (a GPU would otherwise idle during
+    every sandbox batch)."""
     stream = stream_of(policy)
     lockstep = settings.deterministic or isinstance(stream, LockstepStream)
-    if settings.deterministic:
-        forget = getattr(policy, "clear_prefix_cache", None)
-        if callable(forget):
-            forget()
-    background = None if lockstep else ThreadPoolExecutor(1)
+    skip = set(done)
+    if not lockstep:
+        remaining = [task for task in tasks if task.task_id not in skip]
+        return _search_together(
+            remaining, stream, scorer, settings, on_trajectory, ThreadPoolExecutor(1)
+        )
+
+    def hand_on(trajectory: Trajectory) -> None:
+        if trajectory.task_id not in skip and on_trajectory is not None:
+            on_trajectory(trajectory)
+
+    searched: list[Trajectory] = []
+    for group in search_groups(tasks, settings.parallel_trees):
+        if all(task.task_id in skip for task in group):
+            continue
+        if settings.deterministic:
+            forget = getattr(policy, "clear_prefix_cache", None)
+            if callable(forget):
+                forget()
+        trees = _search_together(group, stream, scorer, settings, hand_on, None)
+        searched += [trajectory for trajectory in trees if trajectory.task_id not in skip]
+    return searched
+
+
+def search_groups(tasks: Sequence[Task], size: int) -> list[list[Task]]:
+    """The fixed groups a deterministic search takes its tasks in: consecutive runs of `size`
+    tasks by position in the whole task list (never in what is left of it)."""
+    return [list(tasks[start : start + size]) for start in range(0, len(tasks), size)]
+
+
+def _search_together(
+    tasks: Sequence[Task],
+    stream: Stream,
+    scorer: Scorer,
+    settings: SearchSettings,
+    on_trajectory: TrajectoryCallback | None,
+    background: ThreadPoolExecutor | None,
+) -> list[Trajectory]:
+    """Advance `tasks`' trees together, finished trees leaving and waiting tasks taking their
+    place, until every one is searched."""
     searching = _Searching(tasks, stream, scorer, settings, on_trajectory, background)
     try:
         while searching.waiting or searching.trees:
