@@ -40,6 +40,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import curve_rounds  # noqa: E402  (bench/ is not a package)
 
 QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 DEBUGBENCH = REPO.parent / "shared" / "debugbench"
@@ -80,6 +83,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "config's default, moves a LoRA 20 times less in round 0's 6 steps",
     )
     parser.add_argument("--seed", type=int, default=0, help="search seed")
+    parser.add_argument(
+        "--search-settings",
+        choices=["first-curves", "defaults"],
+        default="first-curves",
+        help="'first-curves' pins the search the first two curves of docs/results.md began "
+        "with (the detailed first turn, no widening, multi-turn refinement); 'defaults' "
+        "searches with today's config defaults, chosen on validation since (the third curve)",
+    )
+    parser.add_argument(
+        "--test-after-chain",
+        action="store_true",
+        help="no test evaluation of the curve's own while its rounds run (each round's "
+        "evaluate stage still reports its first --test-tasks test tasks): every promoted "
+        "policy is measured on test once, after the last round, on the test tasks after the "
+        "first --test-skip",
+    )
+    parser.add_argument(
+        "--test-skip",
+        type=int,
+        default=0,
+        help="with --test-after-chain: leave out the first N test tasks (the first curves' "
+        "60 are spent: many paired tests and the ideas behind several defaults looked at them)",
+    )
     parser.add_argument("--tiny", action="store_true", help="SmolLM2 and builtin tasks, minutes")
     parser.add_argument(
         "--summary-only",
@@ -135,12 +161,6 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "parallel_trees": 16,
             "bon_samples": 8,
             "seed": args.seed,
-            # The curve began before 'plain' became the default first turn: the same prompt in
-            # every part of it (docs/results.md).
-            "prompt": "detailed",
-            # and before progressive widening became the default (0.5): the curve keeps 0
-            "widening": 0.0,
-            "refine": "multi_turn",
         },
         "pairs": {"max_pairs_per_task": 2},
         "train": {
@@ -160,6 +180,16 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
         "promotion": {"modes": ["full_rewrite"], "max_tasks": args.validation_tasks},
         "store": {"uri": f"file://{args.out.resolve() / 'store'}", "run": "curve"},
     }
+    if args.search_settings == "first-curves":
+        # The first curves began before 'plain' became the default first turn, before
+        # progressive widening (0.5) and the one-turn refinement: the same search in every
+        # part of them (docs/results.md).
+        settings["search"].update({"prompt": "detailed", "widening": 0.0, "refine": "multi_turn"})
+    else:
+        # A deterministic search takes its tasks in fixed groups of parallel_trees and finishes
+        # each before the next (so that a resumed search is the uninterrupted one); groups as
+        # large as the batch leave fewer half-empty batches at a group's end.
+        settings["search"]["parallel_trees"] = settings["policy"]["batch_size"]
     if args.tiny:
         settings["tasks"].update({"test_fraction": 0.25, "validation_fraction": 0.25})
         settings["policy"].update(
@@ -258,6 +288,46 @@ class Curve:
             self.store.is_complete(ctx.layout.stage(key)),
             lambda: STAGE_FUNCTIONS[stage](ctx),
         )
+        if stage == "prepare":  # a round committed to git must continue on the same tasks
+            curve_rounds.check_tasks(
+                self.store, self.results, round_number, ctx.layout.stage("tasks/MANIFEST.json")
+            )
+
+    def restore_rounds(self) -> None:
+        """The rounds committed under <results>/rounds/, put into the store before anything
+        runs, so the curve goes on after them instead of computing them again."""
+        for number in curve_rounds.committed_rounds(self.results):
+            began = time.perf_counter()
+            put = curve_rounds.restore_round(self.store, self.results, number, self.settings())
+            print(
+                f"[curve] round {number}: "
+                + (
+                    f"restored from git ({time.perf_counter() - began:.0f} s)"
+                    if put
+                    else "already in the store, the same as in git"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def persist_round(self, number: int) -> None:
+        """A finished round's store objects into <results>/rounds/round-N/, for git (never
+        over a round already there)."""
+        folder = self.results / curve_rounds.ROUNDS_DIR / f"round-{number}"
+        if (folder / curve_rounds.ROUND_FILE).is_file():
+            return
+        runs = [BASE_RUN, self.run] if number == 0 else [self.run]
+        tasks = self.ctx(number).layout.stage("tasks/MANIFEST.json")
+        curve_rounds.persist_round(self.store, self.results, number, runs, self.settings(), tasks)
+        size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+        print(
+            f"[curve] round {number}: {size / 1e6:.1f} MB written to {folder} for git",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def settings(self) -> dict[str, Any]:
+        return portable_settings(self.args)
 
     def test_modes(self, name: str, policy: Any, modes: list[str]) -> None:
         """`modes` for one policy on the test split, saved to <name>-test.json. The modes that
@@ -276,10 +346,16 @@ class Curve:
 
         def work() -> None:
             self.store.get_dir(ctx.layout.stage("tasks"), tasks_dir)
+            limit: dict[str, Any] = {}
+            if self.args.test_after_chain:  # the test tasks no decision has seen, all of them
+                test_file = tasks_dir / "test.jsonl"
+                kept = test_file.read_text().splitlines(keepends=True)[self.args.test_skip :]
+                test_file.write_text("".join(kept))
+                limit = {"max_tasks": None}
             engine = load_policy(ctx, policy)
             merged = recorded
             for mode in missing:  # saved after each: a curve cut short keeps the modes it finished
-                evaluation = self.config.evaluate.model_copy(update={"modes": [mode]})
+                evaluation = self.config.evaluate.model_copy(update={"modes": [mode], **limit})
                 results = evaluate(
                     tasks_dir,
                     self.args.out / "eval" / name,
@@ -470,6 +546,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hint="name rounds the curve trains, or raise --rounds",
         )
     curve = Curve(args)
+    curve.restore_rounds()
     rates = len(args.learning_rates.split(","))
     round_weight = sum(WEIGHTS[stage] for stage in ROUND_STAGES)
     trial_weight = sum(WEIGHTS[stage] for stage in TRIAL_STAGES)
@@ -486,7 +563,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for stage in ("prepare", "collect", "pairs"):
                 if stage == "collect":
                     base = current_policy(curve.ctx(0))
-                    curve.test_modes("base", base, SINGLE_PASS_MODES + ["mcts"])
+                    if not args.test_after_chain:
+                        curve.test_modes("base", base, SINGLE_PASS_MODES + ["mcts"])
                     evaluated[base.id] = ("base", base)
                 if stage == "pairs":
                     curve.choose_pairs_alpha()
@@ -505,25 +583,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tested, candidate_tested = None, None
         if promoted.id not in evaluated:  # 4. every promoted policy, single pass, on test
             tested = f"round-{number}"
-            curve.test_modes(tested, promoted, SINGLE_PASS_MODES)
+            if not args.test_after_chain:
+                curve.test_modes(tested, promoted, SINGLE_PASS_MODES)
             evaluated[promoted.id] = (tested, promoted)
         else:  # a candidate validation kept out is measured too: reported, never used
             candidate = curve.unpromoted_candidate(number)
             if candidate is not None:
                 candidate_tested = f"round-{number}-candidate"
-                curve.test_modes(candidate_tested, candidate, SINGLE_PASS_MODES)
+                if not args.test_after_chain:
+                    curve.test_modes(candidate_tested, candidate, SINGLE_PASS_MODES)
                 kept_out[number] = (candidate_tested, candidate)
         curve.record_round(number, tested, candidate_tested)
-        write_summary(args)  # 5. the curve so far, from the result files alone
+        curve.persist_round(number)  # 5. what a fresh machine needs to go on, for git
+        if not args.test_after_chain:
+            write_summary(args)  # 6. the curve so far, from the result files alone
         if number in args.search_candidates and number not in kept_out:  # known now, not hours on
             raise ConfigError(
                 f"--search-candidates {number}: round {number} has no candidate that "
                 "validation kept out in this curve",
                 hint=f"name rounds whose round-N.json says promoted: false (of 0-{args.rounds - 1})",
             )
-    for name, policy in evaluated.values():  # 6. then every mode, search included
+    if args.test_after_chain:  # 7. the candidates validation kept out, single pass, once
+        for name, candidate in kept_out.values():
+            curve.test_modes(name, candidate, SINGLE_PASS_MODES)
+    for name, policy in evaluated.values():  # 7. then every mode, search included
         curve.test_modes(name, policy, TEST_MODES)
-    for number in args.search_candidates:  # 7. and of the kept-out candidates asked for
+    for number in args.search_candidates:  # 8. and of the kept-out candidates asked for
         curve.test_modes(*kept_out[number], TEST_MODES)
     summary = write_summary(args)
     print(table(summary))
@@ -562,10 +647,17 @@ def check_rates(args: argparse.Namespace) -> None:
         )
 
 
-def write_summary(args: argparse.Namespace) -> dict[str, Any]:
-    # the store's location is this machine's, not a setting of the experiment
+def portable_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The curve's settings without what belongs to this machine: the store's location, and
+    the folders the model and DebugBench were found in (their file and folder names stay)."""
     settings = {key: value for key, value in curve_settings(args).items() if key != "store"}
-    summary = summarize(args.results, settings)
+    settings["policy"] = {**settings["policy"], "model": Path(settings["policy"]["model"]).name}
+    settings["tasks"] = {**settings["tasks"], "source": Path(settings["tasks"]["source"]).name}
+    return settings
+
+
+def write_summary(args: argparse.Namespace) -> dict[str, Any]:
+    summary = summarize(args.results, portable_settings(args))
     write_result(args.results / "summary.json", summary)
     return summary
 
