@@ -123,8 +123,18 @@ class PolicyConfig(Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="'auto': bf16 where the device supports it (CUDA, modern CPUs)."
     )
-    quantization: Literal["auto", "nf4", "none"] = Field(
-        "auto", description="'auto': 4-bit NF4 (bitsandbytes) on CUDA, none on CPU."
+    quantization: Literal["auto", "nf4", "fp8", "none"] = Field(
+        "auto",
+        description="'auto': 4-bit NF4 (bitsandbytes) on CUDA, none on CPU. 'fp8': FP8 "
+        "weights, with policy.backend 'vllm' only (its fp8 method, on a CUDA GPU).",
+    )
+    backend: Literal["auto", "engine", "transformers", "vllm"] = Field(
+        "auto",
+        description="What generates the policy's requests. 'engine': CodeQ's own continuous "
+        "batching (codeq/policy/stream.py); 'transformers': transformers' continuous batching "
+        "(paged KV cache, prompt blocks shared by a request's samples, CUDA graphs on CUDA); "
+        "'vllm': vLLM (CUDA only; pip install 'codeq[vllm]'), automatic prefix caching. "
+        "'auto': the engine, the fastest measured so far (docs/performance.md).",
     )
     cache_dir: str = Field(
         "~/.cache/codeq", description="Where dequantized GGUF models and downloads are cached."
@@ -159,7 +169,13 @@ SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
 
 # Keys added after runs existed, with the value that reproduces what those runs computed: at that
 # value a key is left out of stage fingerprints and evaluation resume keys, so earlier runs resume.
-NEUTRAL_VALUES: dict[str, Any] = {"search.widening": 0.0, "search.refine": "multi_turn"}
+NEUTRAL_VALUES: dict[str, Any] = {
+    "search.widening": 0.0,
+    "search.refine": "multi_turn",
+    "promotion.samples": 0,
+    "promotion.guard_modes": [],
+    "policy.backend": "engine",
+}
 
 
 def is_neutral(key: str, value: Any) -> bool:
@@ -213,7 +229,11 @@ class SearchConfig(Section):
         None, ge=1, description="Search at most N tasks of each collect shard (none: all)."
     )
     parallel_trees: int = Field(
-        8, ge=1, description="Task trees advanced together so generation gets full batches."
+        8,
+        ge=1,
+        description="Task trees advanced together so generation gets full batches. With "
+        "search.deterministic the tasks are searched in fixed groups of this many, each "
+        "finished before the next, so a resumed search repeats the uninterrupted one.",
     )
     reward_tests: Literal["all", "visible"] = Field(
         "all",
@@ -231,9 +251,11 @@ class SearchConfig(Section):
     )
     deterministic: bool = Field(
         True,
-        description="Test programs in lockstep with generation, so the batches (and thus every "
-        "result, bf16 rounding included) repeat exactly for the same config. False tests in a "
-        "background thread while the policy decodes: faster on a GPU, not repeatable.",
+        description="Test programs in lockstep with generation and search the tasks in fixed "
+        "groups (search.parallel_trees), so the batches (and thus every result, bf16 rounding "
+        "included) repeat exactly for the same config on the same machine, also across a stop "
+        "and resume. False tests in a background thread while the policy decodes and streams "
+        "the tasks without groups: faster on a GPU, not repeatable.",
     )
 
 
@@ -334,6 +356,7 @@ class EvaluateConfig(Section):
 
 
 DEFAULT_PROMOTION_MODES: list[EvalMode] = ["full_rewrite"]
+DEFAULT_GUARD_MODES: list[EvalMode] = []
 
 
 class PromotionConfig(Section):
@@ -348,8 +371,9 @@ class PromotionConfig(Section):
         0.05,
         gt=0.0,
         lt=1.0,
-        description="Significance level of the one-sided exact McNemar test on the validation "
-        "tasks (paired: the same tasks for the candidate and the incumbent).",
+        description="Significance level of promotion's one-sided exact paired tests on the "
+        "validation tasks (the same tasks for the candidate and the incumbent): McNemar on "
+        "greedy answers, sign-flip on pass counts with promotion.samples.",
     )
     max_tasks: int | None = Field(
         None, ge=1, description="Evaluate at most N validation tasks; None evaluates all."
@@ -359,6 +383,38 @@ class PromotionConfig(Section):
         ge=1,
         description="`codeq rounds` stops after this many rounds in a row without a promotion.",
     )
+    samples: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="k answers sampled per validation task in the first of promotion.modes "
+        "(zero_shot or full_rewrite) beside its greedy answer, at search.temperature and "
+        "search.top_p, each from its own seeded stream. With k > 0 that mode decides by the "
+        "exact paired sign-flip test on per-task pass counts (the greedy answer plus the k "
+        "samples; at k = 0 the test is the exact McNemar test on greedy answers, the rule "
+        "before this key). 8 is recommended: simulated on 143 validation tasks "
+        "(bench/promotion_power.py, docs/promotion-power.md), with the zero_shot guard it "
+        "promotes a +5-point gain in 88% of rounds (4 samples: 79%; greedy McNemar: 52%) and "
+        "a candidate no better in at most 4.5%. It costs 8 more answers per task, sampled in "
+        "one request; an incumbent's are reused from the round that evaluated it.",
+    )
+    guard_modes: list[EvalMode] = Field(
+        default_factory=lambda: list(DEFAULT_GUARD_MODES),
+        description="Modes also evaluated on the validation split (greedy answers) only to "
+        "check that the candidate is not significantly worse there (one-sided exact McNemar at "
+        "promotion.level): a loss in a mode not trained on blocks promotion. Recommended: "
+        "[zero_shot] (on the test split it fell from 9 to 6 of 60 tasks twice, "
+        "unchecked); [] checks promotion.modes only, the rule before this key.",
+    )
+
+    @model_validator(mode="after")
+    def _check_samples(self) -> PromotionConfig:
+        if self.samples and self.modes[0] not in ("zero_shot", "full_rewrite"):
+            raise ValueError(
+                f"promotion.samples needs a single-answer first promotion mode (zero_shot or "
+                f"full_rewrite), not {self.modes[0]}"
+            )
+        return self
 
 
 class StoreConfig(Section):
@@ -374,6 +430,15 @@ class StoreConfig(Section):
     connect_timeout_s: float = Field(10.0, gt=0, description="S3 connect timeout.")
     read_timeout_s: float = Field(60.0, gt=0, description="S3 read timeout.")
     multipart_threshold_mb: int = Field(64, ge=5, description="Multipart upload above this size.")
+    checksums: Literal["when_supported", "when_required"] = Field(
+        "when_supported",
+        description=(
+            "boto3's request_checksum_calculation and response_checksum_validation: "
+            "when_required for S3-compatible stores that reject the CRC checksums newer boto3 "
+            "sends by default (GCS's XML API with HMAC keys); file checksums are checked "
+            "against the manifests either way."
+        ),
+    )
 
 
 class CodeQConfig(BaseSettings):

@@ -342,11 +342,20 @@ class S3Store(ArtifactStore):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        # botocore < 1.36 has neither option and never adds checksums it is not asked for,
+        # which is what "when_required" asks of a newer one.
+        checksums: dict[str, str] = {}
+        if "request_checksum_calculation" in Config.OPTION_DEFAULTS:
+            checksums = {
+                "request_checksum_calculation": config.checksums,
+                "response_checksum_validation": config.checksums,
+            }
         client_config = Config(
             retries={"mode": "standard", "max_attempts": config.max_attempts},
             connect_timeout=config.connect_timeout_s,
             read_timeout=config.read_timeout_s,
             region_name=config.region,
+            **checksums,
         )
         self.client = boto3.client("s3", endpoint_url=config.endpoint_url, config=client_config)
         self.endpoint = str(self.client.meta.endpoint_url)
@@ -527,13 +536,23 @@ def classify_s3_error(
             return MissingInputError(
                 f"{where} does not exist", hint="run the stage that produces it first"
             )
+        # What stores without S3's flexible checksums (GCS with HMAC keys) answer to them.
+        checksum_hint = (
+            "; a store that rejects boto3's default checksums (GCS's S3 interface) needs "
+            "store.checksums=when_required (CODEQ_STORE__CHECKSUMS)"
+            if code in {"InvalidArgument", "SignatureDoesNotMatch", "NotImplemented"}
+            else ""
+        )
         if status in {401, 403}:
             return ConfigError(
                 f"cannot {action} {where}: access denied ({code})",
-                hint="check the S3 credentials and the bucket policy",
+                hint="check the S3 credentials and the bucket policy" + checksum_hint,
             )
         if status is not None and status < 500 and status != 429:
-            return ConfigError(f"cannot {action} {where}: S3 said {code} (HTTP {status})")
+            return ConfigError(
+                f"cannot {action} {where}: S3 said {code} (HTTP {status})",
+                hint=checksum_hint.removeprefix("; ") or None,
+            )
     if isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
         tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}" if attempts else ""
         return StoreError(

@@ -60,15 +60,18 @@ def test_readme_shows_n_rounds_logs_and_stopping():
 
 
 def test_readme_helm_flags_name_real_values():
-    """Every `--set key=value` in the README is accepted by the chart's schema and renders."""
+    """Every `--set key=value` in the README is accepted by the chart's schema and renders,
+    together with the other flags of its command (one line once continuations are joined)."""
     text = README.read_text().replace("\\\n", " ")
-    flags = re.findall(r"--set(-string)?\s+([^\s`]+)", text)
-    assert len(flags) >= 4
+    commands = [re.findall(r"--set(-string)?\s+([^\s`]+)", line) for line in text.splitlines()]
+    commands = [flags for flags in commands if flags]
+    assert sum(map(len, commands)) >= 6
     with helm.Chart.load(REPO / "helm" / "codeq") as chart:
-        for is_string, expression in flags:
-            expression = re.sub(r"<[^>]+>", "example", expression)
-            parse = helm.parse_set_string_values if is_string else helm.parse_set_string
-            values = deep_merge(chart.values, parse(expression))
-            values = deep_merge(values, {"s3Credentials": {"existingSecret": "codeq-s3"}})
+        for flags in commands:
+            values = deep_merge(chart.values, {"s3Credentials": {"existingSecret": "codeq-s3"}})
+            for is_string, expression in flags:
+                expression = re.sub(r"<[^>]+>", "example", expression)
+                parse = helm.parse_set_string_values if is_string else helm.parse_set_string
+                values = deep_merge(values, parse(expression))
             chart.validate_schema(values)
             chart.render(values=values, name="codeq", namespace="codeq")

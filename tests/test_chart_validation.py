@@ -8,8 +8,7 @@
 4. the WorkflowTemplate under Argo's own JSON schema made strict (additionalProperties: false
    wherever an object lists its properties), read from ../shared/argo/schema.json beside the
    repository (never committed; CODEQ_ARGO_SCHEMA overrides the path);
-5. the resource templates' success and failure conditions parsed and judged as Argo does
-   (tests/argo_conditions.py) against the Job states that matter;
+5. (the `finish` step's judgement of every Job state is the script's: tests/test_watch_job.py);
 6. checkov on all of it, 0 failed, each skip justified beside it (`checkov.io/skipN:
    CHECK=reason` annotations, a comment in the template next to them).
 """
@@ -28,7 +27,6 @@ from typing import Any
 
 import pytest
 import yaml
-from argo_conditions import SelectorError, judge, parse
 from test_helm import (
     ARGO_SAMPLE,
     CHART,
@@ -41,7 +39,6 @@ from test_helm import (
     objects,
     scenario_values,
     stage_jobs,
-    templates,
     workflow_template,
 )
 
@@ -220,7 +217,7 @@ def test_jobs_and_pods_inside_the_workflow_are_valid_under_strict_kubernetes_sch
     for job in jobs.values():
         validate(job)
     pods = helper_pods(scenario)
-    assert set(pods) == {"resolve-round", "release-jobs"}
+    assert set(pods) == {"fence", "resolve-round", "finish", "release-jobs"}
     for pod in pods.values():
         validate(pod)
 
@@ -289,130 +286,6 @@ def test_strict_argo_schema_rejects_a_misspelt_field():
     (start,) = [t for t in wt["spec"]["templates"] if t["name"] == "train-start"]
     start["resource"]["successCondtion"] = "status.succeeded > 0"
     assert argo_errors(wt)
-
-
-# ----------------------------------------------------------------------------- 5. conditions
-
-
-def conditions(*entries: tuple[str, str, str]) -> list[dict[str, str]]:
-    return [{"type": t, "status": s, "reason": r} for t, s, r in entries]
-
-
-JOB_STATES = {
-    # Kueue holds it: suspended, no startTime, nothing failed.
-    "queued": {"conditions": conditions(("Suspended", "True", "JobSuspended"))},
-    "running": {"startTime": "t", "active": 1, "ready": 1},
-    # Admitted but its pods never schedule: the Job object shows nothing; its
-    # activeDeadlineSeconds (counted from startTime) turns this into DeadlineExceeded.
-    "unschedulable": {"startTime": "t", "active": 1, "ready": 0},
-    "some shards failed": {"startTime": "t", "active": 2, "failed": 2, "failedIndexes": "1"},
-    "complete": {
-        "startTime": "t",
-        "completionTime": "t",
-        "succeeded": 1,
-        "conditions": conditions(
-            ("SuccessCriteriaMet", "True", "CompletionsReached"),
-            ("Complete", "True", "CompletionsReached"),
-        ),
-    },
-    "failed": {
-        "startTime": "t",
-        "failed": 3,
-        "conditions": conditions(
-            ("FailureTarget", "True", "BackoffLimitExceeded"),
-            ("Failed", "True", "BackoffLimitExceeded"),
-        ),
-    },
-    # Resumed by Kueue, then over its deadline: the failure is not condition 0.
-    "failed after queueing": {
-        "startTime": "t",
-        "failed": 1,
-        "conditions": conditions(
-            ("Suspended", "False", "JobResumed"),
-            ("FailureTarget", "True", "DeadlineExceeded"),
-            ("Failed", "True", "DeadlineExceeded"),
-        ),
-    },
-    "exit code 2": {
-        "startTime": "t",
-        "failed": 1,
-        "conditions": conditions(
-            ("Suspended", "False", "JobResumed"),
-            ("Failed", "True", "PodFailurePolicy"),
-        ),
-    },
-    "failed, reason unknown to the chart": {
-        "startTime": "t",
-        "conditions": conditions(
-            ("Suspended", "False", "JobResumed"),
-            ("SuccessCriteriaMet", "False", "x"),
-            ("Failed", "True", "SomeFutureReason"),
-        ),
-    },
-}
-EXPECTED = {
-    # state: (start step, finish step, the reason the failure message must name)
-    "queued": ("waiting", "waiting", None),
-    "running": ("succeeded", "waiting", None),
-    "unschedulable": ("succeeded", "waiting", None),
-    "some shards failed": ("succeeded", "waiting", None),
-    "complete": ("succeeded", "succeeded", None),
-    "failed": ("failed", "failed", "BackoffLimitExceeded"),
-    "failed after queueing": ("failed", "failed", "DeadlineExceeded"),
-    "exit code 2": ("failed", "failed", "PodFailurePolicy"),
-    "failed, reason unknown to the chart": ("failed", "failed", "Failed"),
-}
-
-
-@pytest.mark.parametrize("state", sorted(JOB_STATES))
-def test_stage_steps_judge_every_job_state_as_argo_would(state):
-    by_name = templates("default")
-    start, finish = by_name["collect-start"]["resource"], by_name["finish"]["resource"]
-    job = {"kind": "Job", "status": JOB_STATES[state]}
-    start_outcome, start_message = judge(start["successCondition"], start["failureCondition"], job)
-    finish_outcome, message = judge(finish["successCondition"], finish["failureCondition"], job)
-    expected_start, expected_finish, reason = EXPECTED[state]
-    assert (start_outcome, finish_outcome) == (expected_start, expected_finish)
-    if reason:
-        assert reason in message, message
-        assert start_message == message
-
-
-FAILED_STATES = [state for state, expected in EXPECTED.items() if expected[1] == "failed"]
-
-
-@pytest.mark.parametrize("state", FAILED_STATES)
-def test_every_step_waiting_on_a_job_fails_fast_whatever_the_failures_position(state):
-    """Each resource template watching a stage Job fails as soon as the Job has failed, with a
-    message naming the reason, wherever the condition sits in status.conditions."""
-    job = {"kind": "Job", "status": JOB_STATES[state]}
-    watching = [
-        (name, t["resource"])
-        for name, t in templates("default").items()
-        if "failureCondition" in t.get("resource", {})
-    ]
-    assert len(watching) >= len(STAGES)
-    for name, resource in watching:
-        outcome, message = judge("", resource["failureCondition"], job)
-        assert outcome == "failed", f"{name} keeps waiting on a failed Job ({state})"
-        assert EXPECTED[state][2] in message, (name, message)
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_conditions_parse_as_kubernetes_label_selectors(scenario):
-    for name, template in templates(scenario).items():
-        resource = template.get("resource", {})
-        for key in ("successCondition", "failureCondition"):
-            if key in resource:
-                assert parse(resource[key]), (name, key)
-
-
-def test_gjson_queries_are_not_valid_condition_keys():
-    """Why the failure condition lists positions: Argo refuses `#(...)` queries as keys."""
-    with pytest.raises(SelectorError):
-        parse('status.conditions.#(type=="Failed").status == True')
-    with pytest.raises(SelectorError):
-        parse("status.conditions.*.type in (Failed)")
 
 
 # ----------------------------------------------------------------------------- 6. checkov

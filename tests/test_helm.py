@@ -9,6 +9,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -155,9 +156,11 @@ def helper_pods(scenario: str, extra: str = "") -> dict[str, dict[str, Any]]:
         }
         if "automountServiceAccountToken" in template:
             pod_spec["automountServiceAccountToken"] = template["automountServiceAccountToken"]
-        for key in ("nodeSelector", "tolerations"):
+        for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
             if spec.get(key):
                 pod_spec[key] = spec[key]
+        if spec.get("podSpecPatch"):
+            pod_spec.update(json.loads(spec["podSpecPatch"]))
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -165,7 +168,8 @@ def helper_pods(scenario: str, extra: str = "") -> dict[str, dict[str, Any]]:
             "spec": pod_spec,
         }
         pod["metadata"]["labels"] = labels
-        annotations = template.get("metadata", {}).get("annotations")
+        annotations = {**spec.get("podMetadata", {}).get("annotations", {})}
+        annotations.update(template.get("metadata", {}).get("annotations", {}))
         if annotations:
             pod["metadata"]["annotations"] = annotations
         pods[name] = yaml.safe_load(substitute(yaml.safe_dump(pod), ARGO_SAMPLE))
@@ -187,12 +191,13 @@ def parse_quantity(text: str | int) -> float:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_dag_resolves_the_round_then_runs_every_stage_in_order(scenario):
+def test_dag_fences_resolves_the_round_then_runs_every_stage_in_order(scenario):
     spec = workflow_template(scenario)["spec"]
     by_name = templates(scenario)
     tasks = by_name[spec["entrypoint"]]["dag"]["tasks"]
-    assert [t["name"] for t in tasks] == ["resolve-round", *STAGES]
-    for before, task in zip(["resolve-round", *STAGES], tasks[1:], strict=False):
+    assert [t["name"] for t in tasks] == ["fence", "resolve-round", *STAGES]
+    assert "depends" not in tasks[0] and tasks[1]["depends"] == "fence"
+    for before, task in zip(["resolve-round", *STAGES[:-1]], tasks[2:], strict=True):
         assert task["depends"] == before
         (argument,) = task["arguments"]["parameters"]
         assert argument == {"name": "round", "value": "{{tasks.resolve-round.outputs.result}}"}
@@ -328,27 +333,50 @@ def test_a_retried_step_adopts_its_job_instead_of_creating_a_second(scenario):
         assert start["retryStrategy"]["retryPolicy"] == "OnError"
         assert start["retryStrategy"]["limit"] == str(values["workflow"]["stepRetries"])
     finish = by_name["finish"]
-    assert finish["resource"]["action"] == "get"
-    assert yaml.safe_load(finish["resource"]["manifest"])["metadata"]["name"] == (
-        "{{inputs.parameters.job}}"
-    )
-    assert finish["retryStrategy"]["retryPolicy"] == "OnError"
+    assert finish["container"]["command"][:3] == [
+        "python",
+        "/etc/codeq-scripts/watch_job.py",
+        "{{inputs.parameters.job}}",
+    ]
+    # A lost pod (Error) or exit 75 (its node drained while the round goes on) is retried and
+    # watches the same Job again; exit 1 (the Job failed) is final.
+    retry = finish["retryStrategy"]
+    assert retry["retryPolicy"] == "Always"
+    assert retry["expression"] == 'lastRetry.status == "Error" || asInt(lastRetry.exitCode) == 75'
+    assert retry["limit"] == str(values["workflow"]["stepRetries"])
     # Long enough names still fit: Indexed pods are named <job>-<index>-<suffix> (<= 63).
     longest = max(len(f"{WORKFLOW_NAME}-{stage}") for stage in STAGES)
     assert longest + len("-999-abcde") <= 63
 
 
+def go_duration_seconds(text: str) -> float:
+    units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)", text)
+    assert "".join(n + u for n, u in parts) == text, text
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_start_waits_for_the_job_to_start_within_the_start_timeout(scenario):
+def test_start_only_applies_the_job_and_finish_waits_with_the_start_timeout(scenario):
+    """Argo's resource steps log every requirement of their conditions at every poll (about 26
+    lines every 5 s); the waiting is the finish script's, which logs changes only."""
     values = effective_values(scenario)
     for stage in STAGES:
         start = templates(scenario)[f"{stage}-start"]
-        assert start["resource"]["successCondition"] == "status.startTime"
-        assert start["timeout"] == values["workflow"]["startTimeout"]
-    assert templates(scenario)["finish"]["resource"]["successCondition"] == (
-        "status.completionTime"
-    )
-    assert "timeout" not in templates(scenario)["finish"], "the Job's own deadline bounds a run"
+        assert not {"successCondition", "failureCondition"} & set(start["resource"]), stage
+        assert "timeout" not in start
+    finish = templates(scenario)["finish"]
+    assert "timeout" not in finish, "the Job's own deadline bounds a run"
+    seconds = go_duration_seconds(values["workflow"]["startTimeout"])
+    assert finish["container"]["command"][3:] == ["{{workflow.name}}", str(math.ceil(seconds))]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("6h", 21600), ("90m", 5400), ("1h30m15s", 5415), ("1.5h", 5400)]
+)
+def test_the_start_timeout_is_read_as_a_go_duration(text, seconds):
+    finish = templates("default", json.dumps({"workflow": {"startTimeout": text}}))["finish"]
+    assert finish["container"]["command"][-1] == str(seconds) == str(int(go_duration_seconds(text)))
 
 
 # ----------------------------------------------------------------------------- stage Jobs
@@ -525,11 +553,144 @@ def test_emptydir_sizes_are_per_stage_and_fit_the_stage_and_common_nodes(scenari
             assert disk <= COMMON_NODE_EPHEMERAL_GI * 1024**3, stage
         sizes = values["stages"][stage].get("volumes")
         assert sizes, f"{stage}: sizes are per stage (stages.{stage}.volumes)"
-        assert {name: volumes[name]["sizeLimit"] for name in ("scratch", "tmp", "dshm")} == {
-            "scratch": sizes["scratch"],
-            "tmp": sizes["tmp"],
-            "dshm": sizes["shm"],
+        expected = {"scratch": sizes["scratch"], "tmp": sizes["tmp"], "dshm": sizes["shm"]}
+        # An extra volume mounted at one of these paths replaces the chart's emptyDir there.
+        kept = [name for name in expected if name in volumes]
+        assert {name: volumes[name]["sizeLimit"] for name in kept} == {
+            name: expected[name] for name in kept
         }
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert {"/scratch", "/tmp", "/dev/shm"} <= mounts, stage
+
+
+# Qwen2.5-Coder-7B-Instruct's config.json: the shapes the stages' disk use is computed from.
+QWEN_7B = {
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
+# Tokenizer and config files next to the weights (tokenizer.json 7.0 MB, vocab.json 2.8 MB,
+# merges.txt 1.7 MB, the rest a few kB); each merged folder and each adapter has a copy.
+TOKENIZER_FILES = 12_000_000
+# A run of this many promoted rounds: each one adds an adapter every later stage downloads.
+PROMOTED_ADAPTERS = 10
+# Room for what is not weights (tasks, trajectories, pairs, evaluation trees, logs): an
+# allowance, not a measurement; these files do not grow with the model.
+WORK_FILES = {"prepare": 1e9, "collect": 1e9, "pairs": 1e9, "train": 1e9, "evaluate": 1e9}
+WORK_FILES |= {"promote": 0.5e9, "report": 0.5e9}
+
+
+def linear_shapes(config: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear layer of one decoder layer (Qwen2/Llama layout)."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    kv = hidden // config["num_attention_heads"] * config["num_key_value_heads"]
+    return {
+        "q_proj": (hidden, hidden),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (hidden, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+def weight_bytes(config: dict[str, int], bytes_per_param: int = 2) -> int:
+    """The safetensors weights of the model in bf16: embeddings, attention (q, k, v with
+    biases), MLP, norms and the untied output layer."""
+    shapes = linear_shapes(config)
+    hidden = config["hidden_size"]
+    per_layer = sum(i * o for i, o in shapes.values())
+    per_layer += shapes["q_proj"][1] + shapes["k_proj"][1] + shapes["v_proj"][1]  # biases
+    per_layer += 2 * hidden  # the two RMSNorms
+    embeddings = config["vocab_size"] * hidden * (1 if config["tie_word_embeddings"] else 2)
+    params = config["num_hidden_layers"] * per_layer + embeddings + hidden
+    return params * bytes_per_param
+
+
+def adapter_bytes(config: dict[str, int], rank: int, modules: list[str]) -> int:
+    """A LoRA adapter's safetensors in fp32 (A: in x r, B: r x out per adapted layer) plus its
+    tokenizer files."""
+    shapes = linear_shapes(config)
+    per_layer = sum(rank * (shapes[m][0] + shapes[m][1]) for m in modules)
+    return config["num_hidden_layers"] * per_layer * 4 + TOKENIZER_FILES
+
+
+def peak_scratch(stage: str, train: dict[str, Any], model_cached: bool) -> float:
+    """Bytes on a stage's /scratch at its peak, a run of PROMOTED_ADAPTERS promoted rounds in:
+    the base model downloaded into the Hugging Face cache (unless the model cache serves it),
+    one merged folder per policy the stage loads (collect and train: the promoted lineage;
+    evaluate: it and the candidate, which adds this round's adapter), every adapter of those
+    lineages, and the stage's work files."""
+    model = weight_bytes(QWEN_7B) + TOKENIZER_FILES
+    adapter = adapter_bytes(QWEN_7B, train["lora_r"], train["target_modules"])
+    policies = {"collect": 1, "train": 1, "evaluate": 2}.get(stage, 0)
+    adapters = PROMOTED_ADAPTERS + (1 if stage in ("train", "evaluate") else 0)
+    weights = 0.0
+    if policies:
+        weights = (0 if model_cached else model) + policies * model + adapters * adapter
+    return weights + WORK_FILES[stage]
+
+
+def scratch_capacity(pod: dict[str, Any]) -> float:
+    """What /scratch holds: its emptyDir's sizeLimit, or the claim of an ephemeral volume."""
+    (container,) = pod["containers"]
+    (name,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/scratch"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == name]
+    if "emptyDir" in volume:
+        return parse_quantity(volume["emptyDir"]["sizeLimit"])
+    claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
+    return parse_quantity(claim["resources"]["requests"]["storage"])
+
+
+def test_the_7b_sizes_are_the_known_ones():
+    """Qwen2.5-Coder-7B-Instruct has 7.62 B parameters: 15.23 GB of bf16 safetensors."""
+    assert weight_bytes(QWEN_7B) == 15_231_233_024
+    assert adapter_bytes(QWEN_7B, 32, list(linear_shapes(QWEN_7B))) == 334_961_408
+
+
+@pytest.mark.parametrize("scenario", ["default", "irsa", "kueue", "gke", "karpenter"])
+def test_every_stage_has_the_disk_its_7b_peak_needs(scenario):
+    """Each stage's /scratch holds its peak at the 7B's shapes (the base model, the merged
+    policies, the adapters of a 10-round lineage, its work files), and its ephemeral-storage
+    limit holds its disk emptyDirs."""
+    from codeq.config import load_config
+
+    values = effective_values(scenario)
+    assert "7B" in values["config"]["policy"]["model"], "a scenario of the 7B"
+    cached = values["config"]["policy"]["model"].startswith("/models/")
+    assert (
+        not cached
+        or values["model"]["cache"]["existingClaim"]
+        or values["model"]["cache"]["create"]
+    )
+    train = load_config(None).train.model_dump()
+    train.update(values["config"].get("train", {}))
+    for stage, job in stage_jobs(scenario).items():
+        pod = job["spec"]["template"]["spec"]
+        need = peak_scratch(stage, train, cached)
+        have = scratch_capacity(pod)
+        assert have >= need, (
+            f"{scenario}/{stage}: /scratch holds {have / 1e9:.1f} GB, its 7B peak is "
+            f"{need / 1e9:.1f} GB"
+        )
+
+
+def test_the_disk_table_in_the_docs_is_the_computed_one():
+    text = (REPO / "docs" / "cluster.md").read_text().split("### Disk", 1)[1].split("\n## ")[0]
+    train = {"lora_r": 32, "target_modules": list(linear_shapes(QWEN_7B))}
+    values = effective_values("default")
+    for stage in STAGES:
+        row = re.search(rf"^\| {stage} [^\n]*$", text, flags=re.M)
+        assert row, stage
+        cells = [c.strip() for c in row.group(0).strip("|").split("|")]
+        assert cells[1] == f"{peak_scratch(stage, train, False) / 1e9:.1f} GB", (stage, cells)
+        assert cells[2] == f"{peak_scratch(stage, train, True) / 1e9:.1f} GB", (stage, cells)
+        assert cells[3] == values["stages"][stage]["volumes"]["scratch"], (stage, cells)
 
 
 SECCOMP_FILE = CHART / "files" / "seccomp" / "codeq-sandbox.json"
@@ -640,7 +801,102 @@ def test_kueue_queue_and_priorities_are_optional():
         assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
         expected = "batch-critical" if stage == "train" else "batch-high"
         assert job["spec"]["template"]["spec"]["priorityClassName"] == expected
-    assert templates("kueue")["collect-start"]["timeout"] == "12h"
+    assert templates("kueue")["finish"]["container"]["command"][-1] == str(12 * 3600)
+
+
+KUEUE_EXAMPLE = REPO / "docs" / "kueue" / "queues.yaml"
+
+
+def tolerated(taint: dict[str, str], tolerations: list[dict[str, str]]) -> bool:
+    """Kubernetes' toleration match (the part Kueue uses for NoSchedule/NoExecute taints)."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+            continue
+        if not toleration.get("key") and toleration.get("operator") == "Exists":
+            return True
+        if toleration.get("key") != taint["key"]:
+            continue
+        if toleration.get("operator") == "Exists" or toleration.get("value") == taint.get("value"):
+            return True
+    return False
+
+
+def flavor_fits_pod(flavor: dict[str, Any], pod: dict[str, Any], keys: set[str]) -> bool:
+    """Kueue's checkFlavorForPodSets: taints tolerated, and the pod's nodeSelector and required
+    node affinity, restricted to `keys`, matched against the flavor's nodeLabels."""
+    labels = flavor["spec"].get("nodeLabels", {})
+    taints = flavor["spec"].get("nodeTaints", [])
+    if not all(tolerated(t, pod.get("tolerations", [])) for t in taints):
+        return False
+    for key, value in pod.get("nodeSelector", {}).items():
+        if key in keys and labels.get(key) != value:
+            return False
+    affinity = pod.get("affinity", {}).get("nodeAffinity", {})
+    terms = affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    kept = [
+        [e for e in term.get("matchExpressions", []) if e["key"] in keys]
+        for term in terms.get("nodeSelectorTerms", [])
+    ]
+    if not kept or any(not term for term in kept):
+        return True
+    operators = {
+        "In": lambda e: labels.get(e["key"]) in e["values"],
+        "NotIn": lambda e: labels.get(e["key"]) not in e["values"],
+        "Exists": lambda e: e["key"] in labels,
+        "DoesNotExist": lambda e: e["key"] not in labels,
+    }
+    return any(all(operators[e["operator"]](e) for e in term) for term in kept)
+
+
+def job_requests(job: dict[str, Any]) -> dict[str, float]:
+    """What Kueue counts for a Job: per pod, requests (limits where a resource has no request,
+    as the API server defaults them), times parallelism."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    resources = container["resources"]
+    per_pod = {**resources.get("limits", {}), **resources.get("requests", {})}
+    pods = job["spec"].get("parallelism", 1)
+    return {name: parse_quantity(value) * pods for name, value in per_pod.items()}
+
+
+def test_the_kueue_example_admits_every_stage_on_its_own_flavor():
+    """docs/kueue/queues.yaml against the kueue scenario's Jobs, as Kueue assigns flavors: every
+    requested resource covered (nvidia.com/gpu: 0 included), the first flavor in order whose
+    labels and taints fit the Job and whose quota holds its requests. Both of Kueue's ways of
+    choosing which label keys count (each flavor's own, newer releases; all of the resource
+    group's, older ones) give the same flavor."""
+    docs = [d for d in yaml.safe_load_all(KUEUE_EXAMPLE.read_text()) if d]
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    values = effective_values("kueue")
+    queue = values["scheduling"]["kueue"]
+    local = kinds[("LocalQueue", queue["queueName"])]
+    assert local["metadata"]["namespace"] == NAMESPACE
+    (cluster_queue,) = [d for d in docs if d["kind"] == "ClusterQueue"]
+    assert local["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
+    assert ("WorkloadPriorityClass", queue["priorityClass"]) in kinds
+    (group,) = cluster_queue["spec"]["resourceGroups"]
+    covered = set(group["coveredResources"])
+    flavors = [kinds[("ResourceFlavor", f["name"])] for f in group["flavors"]]
+    quotas = {
+        f["name"]: {r["name"]: parse_quantity(r["nominalQuota"]) for r in f["resources"]}
+        for f in group["flavors"]
+    }
+    union = {key for flavor in flavors for key in flavor["spec"].get("nodeLabels", {})}
+    expected = {"collect": "infer", "evaluate": "infer", "train": "h100-train"}
+    for stage, job in stage_jobs("kueue").items():
+        requests = job_requests(job)
+        assert set(requests) <= covered, (stage, set(requests) - covered)
+        assert "nvidia.com/gpu" in requests, "the CPU stages ask for nvidia.com/gpu: 0 too"
+        pod = job["spec"]["template"]["spec"]
+        picked = []
+        for keys_of in (lambda f: set(f["spec"].get("nodeLabels", {})), lambda f: union):
+            fits = [
+                f["metadata"]["name"]
+                for f in flavors
+                if flavor_fits_pod(f, pod, keys_of(f))
+                and all(v <= quotas[f["metadata"]["name"]][r] for r, v in requests.items())
+            ]
+            picked.append(fits[0] if fits else None)
+        assert picked[0] == picked[1] == expected.get(stage, "cpu"), (stage, picked)
 
 
 def test_huggingface_token_is_a_mounted_file():
@@ -782,6 +1038,273 @@ def test_pinned_digests_replace_tags():
         assert "checkov.io/skip1" not in job["metadata"]["annotations"]
 
 
+# ----------------------------------------------------------------------------- clusters as they are
+
+
+def every_pod_spec(scenario: str, extra: str = "") -> dict[str, dict[str, Any]]:
+    """Every pod spec the chart or its workflow makes: stage Jobs, the workflow's own pods (as
+    Argo builds them, Argo's executors included: they take the workflow spec's settings), and
+    the chart's other Jobs and DaemonSets."""
+    found = {
+        f"job/{stage}": job["spec"]["template"]["spec"]
+        for stage, job in stage_jobs(scenario, extra).items()
+    }
+    found.update(
+        {f"step/{name}": pod["spec"] for name, pod in helper_pods(scenario, extra).items()}
+    )
+    for obj in objects(scenario, extra):
+        if obj["kind"] in ("Job", "DaemonSet"):
+            found[f"{obj['kind']}/{obj['metadata']['name']}"] = obj["spec"]["template"]["spec"]
+    return found
+
+
+@pytest.mark.parametrize("scenario", ["default", "kueue", "gke"])
+def test_every_pod_pulls_with_the_registry_secrets(scenario):
+    """A private registry needs its pull Secret on every pod: the round's own steps too."""
+    extra = json.dumps({"images": {"pullSecrets": ["regcred", "mirror"]}})
+    pods = every_pod_spec(scenario, extra)
+    assert {"step/fence", "step/resolve-round", "step/finish", "step/release-jobs"} <= set(pods)
+    for name, pod in pods.items():
+        assert pod.get("imagePullSecrets") == [{"name": "regcred"}, {"name": "mirror"}], name
+    assert workflow_template(scenario, extra)["spec"]["imagePullSecrets"] == [
+        {"name": "regcred"},
+        {"name": "mirror"},
+    ], "Argo's executor pods take the workflow's pull secrets"
+    assert "imagePullSecrets" not in workflow_template("default")["spec"]
+
+
+def test_pod_annotations_runtime_class_and_affinity_reach_the_pods():
+    values = effective_values("karpenter")
+    jobs = stage_jobs("karpenter")
+    for stage, job in jobs.items():
+        pod = job["spec"]["template"]
+        pool = values["pools"][values["stages"][stage]["pool"]]
+        assert pod["spec"].get("runtimeClassName", "") == pool.get("runtimeClassName", ""), stage
+        assert pod["spec"].get("affinity", {}) == pool.get("affinity", {}), stage
+        annotations = pod["metadata"].get("annotations", {})
+        long_running = stage in ("collect", "train", "evaluate")
+        assert (annotations.get("karpenter.sh/do-not-disrupt") == "true") == long_running, stage
+    assert jobs["collect"]["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in jobs["pairs"]["spec"]["template"]["spec"]
+    for name, pod in helper_pods("karpenter").items():
+        assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true", name
+    # jobs.podAnnotations reach every stage; a stage's own win.
+    extra = json.dumps(
+        {
+            "jobs": {"podAnnotations": {"example.com/team": "ml", "example.com/tier": "batch"}},
+            "stages": {"train": {"podAnnotations": {"example.com/tier": "gpu"}}},
+            "pools": {"cpu": {"runtimeClassName": "gvisor-free"}},
+        }
+    )
+    for stage, job in stage_jobs("default", extra).items():
+        annotations = job["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["example.com/team"] == "ml"
+        assert annotations["example.com/tier"] == ("gpu" if stage == "train" else "batch")
+    # The workflow pool's RuntimeClass reaches Argo's pods through the workflow's podSpecPatch.
+    spec = workflow_template("default", extra)["spec"]
+    assert json.loads(spec["podSpecPatch"]) == {"runtimeClassName": "gvisor-free"}
+    assert "podSpecPatch" not in workflow_template("default")["spec"]
+    for job in stage_jobs("default").values():
+        assert "annotations" not in job["spec"]["template"]["metadata"]
+
+
+def test_an_extra_mount_at_scratch_replaces_the_charts_emptydir():
+    for stage, job in stage_jobs("karpenter").items():
+        pod = job["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        if stage in ("collect", "train"):
+            assert "scratch" not in volumes
+            assert mounts["/scratch"] == "nvme-scratch"
+            claim = volumes["nvme-scratch"]["ephemeral"]["volumeClaimTemplate"]["spec"]
+            assert claim["storageClassName"] == "local-nvme"
+        else:
+            assert mounts["/scratch"] == "scratch" and "emptyDir" in volumes["scratch"]
+        assert mounts["/tmp"] == "tmp" and mounts["/dev/shm"] == "dshm"
+    # jobs.extraVolumes/extraVolumeMounts reach every stage, next to the stage's own.
+    extra = {
+        "jobs": {
+            "extraVolumes": [{"name": "ca", "configMap": {"name": "corporate-ca"}}],
+            "extraVolumeMounts": [
+                {"name": "ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}
+            ],
+        }
+    }
+    for job in stage_jobs("karpenter", json.dumps(extra)).values():
+        pod = job["spec"]["template"]["spec"]
+        assert {"name": "ca", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["/etc/ssl/corporate"] == "ca"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {
+                "stages": {
+                    "train": {"extraVolumeMounts": [{"name": "nvme", "mountPath": "/scratch"}]}
+                }
+            },
+            'stages.train: extra volume mount "nvme" at /scratch names no volume',
+        ),
+        (
+            {"stages": {"collect": {"extraVolumes": [{"name": "scratch", "emptyDir": {}}]}}},
+            'stages.collect: extra volume "scratch" is used twice or is one of the chart\'s own',
+        ),
+        (
+            {
+                "jobs": {
+                    "extraVolumes": [{"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}}],
+                    "extraVolumeMounts": [
+                        {"name": "a", "mountPath": "/data"},
+                        {"name": "b", "mountPath": "/data"},
+                    ],
+                }
+            },
+            "two extra volume mounts at /data",
+        ),
+    ],
+)
+def test_extra_volumes_that_cannot_work_fail_the_render(extra, message):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        render_with("default", **extra)
+
+
+def stage_deadline_sum(values: dict[str, Any]) -> int:
+    return sum(values["stages"][stage]["activeDeadlineSeconds"] for stage in STAGES)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_round_deadline_covers_every_stage_deadline_and_start_timeout(scenario):
+    """A round may run each stage to its deadline after waiting workflow.startTimeout to start;
+    the workflow's deadline is derived from that, so it never cuts a legitimate round short."""
+    values = effective_values(scenario)
+    start = go_duration_seconds(values["workflow"]["startTimeout"])
+    expected = stage_deadline_sum(values) + len(STAGES) * math.ceil(start) + 3600
+    deadline = workflow_template(scenario)["spec"]["activeDeadlineSeconds"]
+    assert deadline == expected
+    assert deadline > stage_deadline_sum(values)
+
+
+def test_the_default_round_deadline_is_the_sum_documented():
+    deadline = workflow_template("default")["spec"]["activeDeadlineSeconds"]
+    assert deadline == 385200  # 107 h: values.yaml and docs/cluster.md say so
+    assert "107 h" in (CHART / "values.yaml").read_text()
+
+
+def test_a_round_deadline_shorter_than_its_stages_fails_the_install():
+    with pytest.raises(helm.HelmError) as caught:
+        render_with("default", workflow={"activeDeadlineSeconds": 172800})
+    message = str(caught.value)
+    assert (
+        "workflow.activeDeadlineSeconds=172800 is shorter than a round may take (385200 s"
+        in message
+    )
+    longer = workflow_template(
+        "default", json.dumps({"workflow": {"activeDeadlineSeconds": 400000}})
+    )
+    assert longer["spec"]["activeDeadlineSeconds"] == 400000
+
+
+def test_logs_are_kept_for_a_week_and_argo_can_archive_its_own():
+    values = effective_values("default")
+    week = 7 * 24 * 3600
+    assert values["jobs"]["ttlSecondsAfterFinished"] >= week
+    spec = workflow_template("default")["spec"]
+    assert spec["ttlStrategy"]["secondsAfterSuccess"] >= week
+    for job in stage_jobs("default").values():
+        assert job["spec"]["ttlSecondsAfterFinished"] >= week
+    assert "archiveLogs" not in spec
+    archived = workflow_template("default", json.dumps({"workflow": {"archiveLogs": True}}))
+    assert archived["spec"]["archiveLogs"] is True
+
+
+# ----------------------------------------------------------------------------- store and identity
+
+
+def test_the_checksum_setting_reaches_every_stage_as_one_codeq_accepts(monkeypatch):
+    from codeq.config import load_config
+
+    for key in [k for k in os.environ if k.startswith("CODEQ_")]:
+        monkeypatch.delenv(key)
+    for scenario, expected in (("default", "when_supported"), ("gke", "when_required")):
+        for stage, job in stage_jobs(scenario).items():
+            container = job["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["CODEQ_STORE__CHECKSUMS"] == expected, (scenario, stage)
+        monkeypatch.setenv("CODEQ_STORE__CHECKSUMS", expected)
+        assert load_config(None).store.checksums == expected
+    step = templates("gke")["resolve-round"]["container"]
+    assert {"name": "CODEQ_STORE__CHECKSUMS", "value": "when_required"} in step["env"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {
+                "serviceAccount": {
+                    "jobs": {
+                        "annotations": {
+                            "iam.gke.io/gcp-service-account": "x@p.iam.gserviceaccount.com"
+                        }
+                    }
+                }
+            },
+            "serviceAccount.jobs.annotations.iam.gke.io/gcp-service-account: GKE Workload Identity",
+        ),
+        (
+            {"s3Credentials": {"mode": "serviceAccount"}},
+            "s3Credentials.mode=serviceAccount needs serviceAccount.jobs.annotations.eks.amazonaws.com/role-arn",
+        ),
+        (
+            {
+                "s3Credentials": {"mode": "serviceAccount"},
+                "serviceAccount": {
+                    "jobs": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}
+                },
+                "store": {
+                    "endpointUrl": "https://storage.googleapis.com",
+                    "checksums": "when_required",
+                },
+            },
+            "store.endpointUrl=https://storage.googleapis.com cannot be reached with s3Credentials.mode=serviceAccount",
+        ),
+        (
+            {
+                "s3Credentials": {"mode": "serviceAccount"},
+                "serviceAccount": {
+                    "jobs": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}
+                },
+                "store": {"endpointUrl": "http://minio.codeq.svc:9000"},
+            },
+            "store.endpointUrl=http://minio.codeq.svc:9000 cannot be reached with s3Credentials.mode=serviceAccount",
+        ),
+        (
+            {"store": {"endpointUrl": "https://storage.googleapis.com"}},
+            "store.checksums=when_supported: GCS's S3 interface (store.endpointUrl=https://storage.googleapis.com) refuses",
+        ),
+    ],
+)
+def test_a_store_the_identity_cannot_reach_fails_the_install_with_one_line(extra, message):
+    values = deep_merge(scenario_values("default"), extra)
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError) as caught:
+        chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    text = str(caught.value)
+    assert message in text, text
+    (line,) = [ln for ln in text.splitlines() if message in ln]
+    assert "\n" not in line
+
+
+def test_identities_the_store_can_use_install():
+    irsa = objects("irsa")
+    assert [o for o in irsa if o["kind"] == "WorkflowTemplate"]
+    endpoint = {"store": {"endpointUrl": "https://s3.eu-west-1.amazonaws.com"}}
+    assert objects("irsa", json.dumps(endpoint))
+    assert objects("gke")
+
+
 # ----------------------------------------------------------------------------- other objects
 
 
@@ -864,6 +1387,16 @@ def test_configmap_holds_a_config_codeq_accepts(scenario, tmp_path, monkeypatch)
         {"tracking": {"reportTo": "tensorboard"}},
         {"workflow": {"startTimeout": "six hours"}},
         {"model": {"download": {"repos": ["not-a-repo-id"]}}},
+        {"store": {"checksums": "never"}},
+        {"pools": {"infer": {"runtimeClassName": "NVIDIA"}}},
+        {"pools": {"infer": {"affinity": {"nodeAfinity": {}}}}},
+        {"jobs": {"podAnnotations": {"karpenter.sh/do-not-disrupt": True}}},
+        {"stages": {"collect": {"extraVolumeMounts": [{"name": "nvme"}]}}},
+        {"stages": {"train": {"extraVolumeMounts": [{"name": "n", "mountPath": "scratch"}]}}},
+        {"stages": {"train": {"extraVolumes": [{"name": "n", "emptyDir": {}, "hostPath": {}}]}}},
+        {"stages": {"train": {"extraVolumes": [{"emptyDir": {}}]}}},
+        {"workflow": {"activeDeadlineSeconds": "2d"}},
+        {"workflow": {"podAnnotations": {"bad key with spaces": "x"}}},
     ],
 )
 def test_values_schema_rejects_bad_values(bad):

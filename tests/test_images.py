@@ -191,6 +191,26 @@ def test_infer_image_pins_runsc_and_train_image_has_none():
     assert "runsc" not in (REPO / "Dockerfile.train").read_text().replace("runsc is left out", "")
 
 
+def test_images_find_the_driver_libraries_gke_mounts():
+    """GKE's device plugin mounts the node's NVIDIA libraries at /usr/local/nvidia/lib64 and
+    sets no LD_LIBRARY_PATH; torch's dlopen of libcuda.so.1 finds them only through the image's
+    LD_LIBRARY_PATH, which no chart value or stage env may drop."""
+    import yaml
+
+    for dockerfile in DOCKERFILES:
+        env = re.search(r"^ENV (.*?)(?<!\\)$", dockerfile.read_text(), flags=re.M | re.S)
+        assert env, dockerfile.name
+        settings = dict(
+            part.split("=", 1) for part in env.group(1).replace("\\\n", " ").split() if "=" in part
+        )
+        assert "/usr/local/nvidia/lib64" in settings["LD_LIBRARY_PATH"].split(":"), dockerfile
+        assert settings["PATH"].startswith("/usr/local/nvidia/bin:"), dockerfile
+    helpers = (REPO / "helm" / "codeq" / "templates" / "_helpers.tpl").read_text()
+    assert "LD_LIBRARY_PATH" not in helpers
+    values = yaml.safe_load((REPO / "helm" / "codeq" / "values.yaml").read_text())
+    assert "LD_LIBRARY_PATH" not in {e["name"] for e in values["jobs"]["extraEnv"]}
+
+
 def test_image_uid_matches_the_chart():
     import yaml
 

@@ -29,8 +29,28 @@ class Fault:
     seconds: float = 0.0
 
 
+# What a store that knows nothing of S3's flexible checksums (GCS's XML API with HMAC keys)
+# refuses: checksum headers and the aws-chunked bodies that carry a checksum trailer.
+CHECKSUM_HEADERS = ("x-amz-checksum-", "x-amz-sdk-checksum-algorithm", "x-amz-trailer")
+
+
+def checksum_headers(headers: dict[str, str]) -> list[str]:
+    """The flexible-checksum parts of a request: checksum headers, a trailer, aws-chunked."""
+    found = [
+        name.lower()
+        for name in headers
+        if name.lower().startswith(CHECKSUM_HEADERS) and name.lower() != "x-amz-checksum-mode"
+    ]
+    if "aws-chunked" in headers.get("Content-Encoding", "").lower():
+        found.append("content-encoding: aws-chunked")
+    return sorted(found)
+
+
 class FaultProxy:
-    """Forwards HTTP to `upstream`; the next queued faults replace real answers."""
+    """Forwards HTTP to `upstream`; the next queued faults replace real answers. With
+    `reject_checksums` it answers requests carrying flexible checksums as such a store does
+    (400 InvalidArgument) and records them in `checksum_requests`; `checksum_mode` counts
+    requests that ask for response checksums (x-amz-checksum-mode)."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
@@ -38,6 +58,9 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.requests = 0
         self.injected = 0
+        self.reject_checksums = False
+        self.checksum_requests: list[str] = []
+        self.checksum_mode = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -63,8 +86,26 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(length) if length else b""
 
+            def _reject_checksums(self) -> bool:
+                with proxy.lock:
+                    if "x-amz-checksum-mode" in {k.lower() for k in self.headers}:
+                        proxy.checksum_mode += 1
+                    found = checksum_headers(dict(self.headers.items()))
+                    if not (proxy.reject_checksums and found):
+                        return False
+                    proxy.checksum_requests.append(f"{self.command} {', '.join(found)}")
+                message = b"<Error><Code>InvalidArgument</Code><Message>Invalid argument.</Message></Error>"
+                self.send_response(400)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(message)))
+                self.end_headers()
+                self.wfile.write(message)
+                return True
+
             def _handle(self) -> None:
                 body = self._body()
+                if self._reject_checksums():
+                    return
                 fault = proxy.next_fault()
                 if fault is not None and fault.kind == "stall":
                     time.sleep(fault.seconds)

@@ -18,6 +18,9 @@ every part of the cluster that the rendered objects rely on, with Docker on this
   `tasks.<name>.outputs.result`; a steps template runs its steps; a resource template that
   applies a Job runs that Job (below), and the success and failure conditions of every resource
   step are judged on the Job's resulting status as Argo judges them (tests/argo_conditions.py).
+  The steps that talk to the Kubernetes API (the chart's scripts: the fence, each stage's
+  `finish`) are judged by the script's own functions on the twin's Jobs: `finish` by
+  watch_job.summary, the fence by fence_run.orphans.
 - the Job controller and kubelet: each pod of a Job becomes `docker run` with the pod spec's
   image, command/args, env, resources, securityContext and volumes (tests/containers.py: disk
   emptyDirs as folders made as the kubelet makes them, /dev/shm, configMap/secret files, the
@@ -30,7 +33,7 @@ every part of the cluster that the rendered objects rely on, with Docker on this
 Every spec comes from the rendered chart, so a broken spec fails the twin with a TwinError that
 names the Job and the problem. The round's report stays in S3 (printed with a local copy).
 
-Not modelled: the exit handler (release-jobs talks to the Kubernetes API), Kueue, GPUs (the
+Not modelled: the exit handler (release-jobs stops Jobs through the API), Kueue, GPUs (the
 twin's values ask for none), image pulls (the images are built here), more than one node.
 """
 
@@ -126,6 +129,15 @@ def with_manifest(
 
 
 # --------------------------------------------------------------------------- Argo expressions
+
+
+def api_script(template: dict[str, Any]) -> str:
+    """The chart script a container template runs with the workflow's API token (the fence,
+    `finish`, the exit handler), or "" for a template that is an ordinary pod."""
+    command = (template.get("container") or {}).get("command") or []
+    if len(command) > 1 and command[1].startswith("/etc/codeq-scripts/"):
+        return command[1].rsplit("/", 1)[1]
+    return ""
 
 
 def substitute_all(value: Any, scope: Mapping[str, str]) -> Any:
@@ -314,6 +326,7 @@ class Twin:
         self.seccomp_root = self.node / KUBELET_SECCOMP
         self.models = containers.CACHE / "twin-models"  # kept: the PV outlives the twin
         self.jobs: dict[str, JobResult] = {}
+        self.job_metadata: dict[str, dict[str, Any]] = {}
         self.timings: list[tuple[str, float]] = []
         self._moto: subprocess.Popen[bytes] | None = None
         self._lock: Any = None
@@ -716,6 +729,9 @@ class Twin:
         if missing:
             raise TwinError(f"step {step}: template {name} needs input parameters {missing}")
         local = {**scope, **{f"inputs.parameters.{k}": v for k, v in arguments.items()}}
+        if api_script(template):
+            self.run_api_step(step, template, local)
+            return None
         if "container" in template:
             return self.run_container_template(step, template, local)
         if "steps" in template:
@@ -764,6 +780,59 @@ class Twin:
         log(f"{owner}: done in {result.seconds:.0f} s, result {output!r}")
         return output
 
+    def script(self, name: str) -> Any:
+        """One of the chart's scripts (the scripts ConfigMap), imported as the step runs it."""
+        import importlib.util
+
+        (config_map,) = [
+            o for o in self.objects if o.get("kind") == "ConfigMap" and name in o.get("data", {})
+        ]
+        folder = self.work / "scripts"
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, text in config_map["data"].items():
+            (folder / key).write_text(text)
+        sys.path.insert(0, str(folder))
+        try:
+            spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), folder / name)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(folder))
+            sys.modules.pop("release_jobs", None)
+        return module
+
+    def run_api_step(self, step: str, template: dict[str, Any], scope: Mapping[str, str]) -> None:
+        """A step that reads the twin's Jobs through the API, judged by its script's functions:
+        every Job of the twin has finished when a step looks at it (Jobs run to their end)."""
+        name = api_script(template)
+        args = [containers.substitute(a, scope) for a in template["container"]["command"][2:]]
+        jobs = [
+            {"metadata": self.job_metadata.get(j, {"name": j}), "spec": {}, "status": r.status}
+            for j, r in self.jobs.items()
+        ]
+        if name == "fence_run.py":
+            left = self.script(name).orphans(jobs, args[0], args[1])
+            if left:
+                names = [j["metadata"]["name"] for j in left]
+                raise TwinError(f"step {step}: Jobs of an earlier workflow still run: {names}")
+            log(f"step {step}: no Job of run {args[0]!r} left by an earlier workflow")
+        elif name == "watch_job.py":
+            job = self.jobs.get(args[0])
+            if job is None:
+                raise TwinError(f"step {step}: waits for Job {args[0]}, which no step created")
+            state, line = self.script(name).summary({"spec": {}, "status": job.status})
+            if state == "failed":
+                last = job.pods[-1] if job.pods else None
+                raise TwinError(
+                    f"Job {args[0]} failed: {job.failure}\n  Argo step {step}: {line}"
+                    + (f"\n--- last lines of pod {last.name}:\n{last.tail()}" if last else "")
+                )
+            if state != "complete":
+                raise TwinError(f"step {step}: Job {args[0]} ended {state}: {line}")
+        else:
+            raise TwinError(f"step {step}: the script {name} is not modelled")
+
     def run_resource(self, step: str, template: dict[str, Any], scope: Mapping[str, str]) -> None:
         resource = template["resource"]
         manifest = yaml.safe_load(containers.substitute(resource["manifest"], scope))
@@ -775,6 +844,7 @@ class Twin:
             if name in self.jobs and action == "create":
                 raise TwinError(f"step {step}: Job {name} exists already (create)")
             if name not in self.jobs:
+                self.job_metadata[name] = manifest["metadata"]
                 self.jobs[name] = self.run_job(name, manifest)
         elif action != "get":
             raise TwinError(f"step {step}: resource action {action!r} is not modelled")
@@ -934,7 +1004,7 @@ class Twin:
                 owner = f"Job {manifest['metadata']['name']}"
                 pod = manifest["spec"]["template"]["spec"]
                 labels = manifest["spec"]["template"].get("metadata", {}).get("labels") or {}
-            elif "container" in template and name != "release-jobs":
+            elif "container" in template and not api_script(template):
                 owner = f"step {name}"
                 pod = self.helper_pod(template, sample)
                 labels = self.helper_labels(template)

@@ -61,6 +61,9 @@ class Api:
         path = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
         return f"{path}/{name}" if name else path
 
+    def workflow_path(self, name: str) -> str:
+        return f"/apis/argoproj.io/v1alpha1/namespaces/{self.namespace}/workflows/{name}"
+
 
 def job_state(job: dict[str, Any]) -> tuple[str, str]:
     """("failed" | "complete" | "running", reason) from the Job's conditions (any position)."""
@@ -74,28 +77,44 @@ def job_state(job: dict[str, Any]) -> tuple[str, str]:
     return "running", ""
 
 
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def stop_running_job(api: Api, job: dict[str, Any], propagation: str = "Background") -> str:
+    """Stop a Job that has not finished so it holds no GPU and writes nothing more: delete it
+    when Kueue manages it (Kueue resumes a suspended Job it admitted; with `propagation`
+    Foreground the Job object stays until its pods are gone), else suspend and label it, which
+    deletes its pods (SIGTERM first) and keeps the Job with its earlier pods' logs."""
+    name = job["metadata"]["name"]
+    try:
+        if QUEUE_LABEL in job["metadata"].get("labels", {}):
+            api.call("DELETE", api.jobs_path(name) + f"?propagationPolicy={propagation}")
+            return f"deleted running Job {name} (Kueue-managed; suspending would resume)"
+        patch = {"metadata": {"labels": {OUTCOME_LABEL: "stopped"}}, "spec": {"suspend": True}}
+        api.call("PATCH", api.jobs_path(name), patch, MERGE_PATCH)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        # Another step stopped it first (the stage's `finish`, or the exit handler).
+        return f"Job {name} is already gone"
+    return f"suspended running Job {name}: its pods stop, the Job is kept"
+
+
 def release(api: Api, workflow: str, status: str, keep_seconds: int) -> list[str]:
     selector = urllib.parse.quote(f"{WORKFLOW_LABEL}={workflow}")
     jobs = api.call("GET", f"{api.jobs_path()}?labelSelector={selector}").get("items", [])
-    merge = "application/merge-patch+json"
     lines = [f"workflow {workflow} ended {status}; {len(jobs)} Job(s) of this round"]
     for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
         name = job["metadata"]["name"]
-        labels = job["metadata"].get("labels", {})
         state, reason = job_state(job)
-        if state == "running" and QUEUE_LABEL in labels:
-            api.call("DELETE", api.jobs_path(name) + "?propagationPolicy=Background")
-            lines.append(f"deleted running Job {name} (Kueue-managed; suspending would resume)")
-        elif state == "running":
-            patch = {"metadata": {"labels": {OUTCOME_LABEL: "stopped"}}, "spec": {"suspend": True}}
-            api.call("PATCH", api.jobs_path(name), patch, merge)
-            lines.append(f"suspended running Job {name}: its pods stop, the Job is kept")
+        if state == "running":
+            lines.append(stop_running_job(api, job))
         elif state == "failed":
             patch = {
                 "metadata": {"labels": {OUTCOME_LABEL: "failed"}},
                 "spec": {"ttlSecondsAfterFinished": keep_seconds},
             }
-            api.call("PATCH", api.jobs_path(name), patch, merge)
+            api.call("PATCH", api.jobs_path(name), patch, MERGE_PATCH)
             lines.append(f"kept failed Job {name} ({reason.strip(': ')}) for {keep_seconds}s")
             lines.append(
                 f"  logs: kubectl -n {api.namespace} logs job/{name} --all-containers"

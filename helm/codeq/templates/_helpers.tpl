@@ -59,13 +59,20 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 Scheduling of a pod: the node selector and tolerations of its pool, each replaced by the
-stage's own when set. Arguments: dict "root" $ "pool" NAME "nodeSelector" X "tolerations" Y.
+stage's own when set, and the pool's affinity and (for pod specs, not Argo's workflow spec)
+RuntimeClass. Arguments: dict "root" $ "pool" NAME "nodeSelector" X "tolerations" Y, and
+"runtimeClass" BOOL.
 */}}
-{{- define "codeq.placement" -}}
+{{- define "codeq.pool" -}}
 {{- $pool := index .root.Values.pools .pool -}}
 {{- if not $pool -}}
 {{- fail (printf "pool %q is not defined under `pools` (defined: %s)" .pool (keys .root.Values.pools | sortAlpha | join ", ")) -}}
 {{- end -}}
+{{- toJson $pool -}}
+{{- end -}}
+
+{{- define "codeq.placement" -}}
+{{- $pool := include "codeq.pool" . | fromJson -}}
 {{- $selector := ternary $pool.nodeSelector .nodeSelector (kindIs "invalid" .nodeSelector) -}}
 {{- $tolerations := ternary $pool.tolerations .tolerations (kindIs "invalid" .tolerations) -}}
 {{- with $selector }}
@@ -75,6 +82,15 @@ nodeSelector:
 {{- with $tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pool.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .runtimeClass }}
+{{- with $pool.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -169,6 +185,10 @@ EXPR is the (Argo) expression of the round number or request.
 - name: CODEQ_STORE__ENDPOINT_URL
   value: {{ . | quote }}
 {{- end }}
+{{- with $root.Values.store.checksums }}
+- name: CODEQ_STORE__CHECKSUMS
+  value: {{ . | quote }}
+{{- end }}
 {{- with $root.Values.store.region }}
 - name: CODEQ_STORE__REGION
   value: {{ . | quote }}
@@ -216,8 +236,14 @@ EXPR is the (Argo) expression of the round number or request.
 {{- end }}
 {{- end -}}
 
-{{/* Volume mounts of a CodeQ container (the volumes below). Arguments: dict "root" $ "models" BOOL. */}}
+{{/*
+Volume mounts of a CodeQ container (the volumes below). Arguments: dict "root" $ "models" BOOL,
+and "extraMounts" LIST (extra VolumeMounts; one at /scratch, /tmp or /dev/shm replaces the
+chart's emptyDir there).
+*/}}
 {{- define "codeq.volumeMounts" -}}
+{{- $taken := list -}}
+{{- range .extraMounts }}{{ $taken = append $taken .mountPath }}{{ end -}}
 - name: config
   mountPath: /etc/codeq
   readOnly: true
@@ -231,21 +257,29 @@ EXPR is the (Argo) expression of the round number or request.
   mountPath: /var/run/secrets/codeq/huggingface
   readOnly: true
 {{- end }}
-- name: dshm
-  mountPath: /dev/shm
-- name: scratch
-  mountPath: /scratch
-- name: tmp
-  mountPath: /tmp
+{{- range $name, $path := dict "dshm" "/dev/shm" "scratch" "/scratch" "tmp" "/tmp" }}
+{{- if not (has $path $taken) }}
+- name: {{ $name }}
+  mountPath: {{ $path }}
+{{- end }}
+{{- end }}
 {{- if and .models (include "codeq.modelClaim" .root) }}
 - name: models
   mountPath: /models
   readOnly: true
 {{- end }}
+{{- with .extraMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
-{{/* Volumes of a CodeQ pod. Arguments: dict "root" $ "sizes" {scratch, tmp, shm} "models" BOOL. */}}
+{{/*
+Volumes of a CodeQ pod. Arguments: dict "root" $ "sizes" {scratch, tmp, shm} "models" BOOL, and
+"extraVolumes" / "extraMounts" LISTs (an emptyDir whose path an extra mount takes is left out).
+*/}}
 {{- define "codeq.volumes" -}}
+{{- $taken := list -}}
+{{- range .extraMounts }}{{ $taken = append $taken .mountPath }}{{ end -}}
 - name: config
   configMap:
     name: {{ include "codeq.configMap" .root }}
@@ -264,16 +298,22 @@ EXPR is the (Argo) expression of the round number or request.
       - key: {{ $.root.Values.huggingface.tokenSecretKey }}
         path: token
 {{- end }}
+{{- if not (has "/dev/shm" $taken) }}
 - name: dshm
   emptyDir:
     medium: Memory
     sizeLimit: {{ .sizes.shm }}
+{{- end }}
+{{- if not (has "/scratch" $taken) }}
 - name: scratch
   emptyDir:
     sizeLimit: {{ .sizes.scratch }}
+{{- end }}
+{{- if not (has "/tmp" $taken) }}
 - name: tmp
   emptyDir:
     sizeLimit: {{ .sizes.tmp }}
+{{- end }}
 {{- if .models }}
 {{- with include "codeq.modelClaim" .root }}
 - name: models
@@ -282,6 +322,40 @@ EXPR is the (Argo) expression of the round number or request.
     readOnly: true
 {{- end }}
 {{- end }}
+{{- with .extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The extra volumes and mounts of a stage (jobs.* then stages.<stage>.*), checked at render time:
+no name the chart uses, no two mounts on one path, every mount naming a volume of the pod.
+Arguments: dict "root" $ "stage" NAME; prints {"volumes": [...], "mounts": [...]} as JSON.
+*/}}
+{{- define "codeq.extraVolumes" -}}
+{{- $root := .root -}}
+{{- $s := index $root.Values.stages .stage -}}
+{{- $volumes := concat ($root.Values.jobs.extraVolumes | default list) ($s.extraVolumes | default list) -}}
+{{- $mounts := concat ($root.Values.jobs.extraVolumeMounts | default list) ($s.extraVolumeMounts | default list) -}}
+{{- $chart := list "config" "s3-credentials" "huggingface-token" "dshm" "scratch" "tmp" "models" -}}
+{{- $names := list -}}
+{{- range $volumes -}}
+{{- if or (has .name $chart) (has .name $names) -}}
+{{- fail (printf "stages.%s: extra volume %q is used twice or is one of the chart's own (%s)" $.stage .name (join ", " $chart)) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- $paths := list -}}
+{{- range $mounts -}}
+{{- if not (has .name $names) -}}
+{{- fail (printf "stages.%s: extra volume mount %q at %s names no volume in jobs.extraVolumes or stages.%s.extraVolumes" $.stage .name .mountPath $.stage) -}}
+{{- end -}}
+{{- if has .mountPath $paths -}}
+{{- fail (printf "stages.%s: two extra volume mounts at %s" $.stage .mountPath) -}}
+{{- end -}}
+{{- $paths = append $paths .mountPath -}}
+{{- end -}}
+{{- toJson (dict "volumes" $volumes "mounts" $mounts) -}}
 {{- end -}}
 
 {{/* The name of a stage's Job: deterministic, so a retried Argo step adopts it. */}}
@@ -289,25 +363,6 @@ EXPR is the (Argo) expression of the round number or request.
 {{`{{workflow.name}}`}}-{{ . }}
 {{- end -}}
 
-{{/*
-Argo resource-template failure condition of a stage Job. Argo parses it as a Kubernetes label
-selector whose keys are gjson paths into the Job, and fails the step as soon as ANY requirement
-matches, with the message "failure condition '<requirement>' evaluated true". Keys must be
-label-key shaped (no gjson queries), so each position of status.conditions is listed: a failure
-reason first (requirements are sorted by key, so `.reason` is tried before `.type`), then any
-FailureTarget/Failed condition whatever its reason.
-*/}}
-{{- define "codeq.failureCondition" -}}
-{{- $reasons := list "BackoffLimitExceeded" "DeadlineExceeded" "PodFailurePolicy" "MaxFailedIndexesExceeded" "FailedIndexes" -}}
-{{- $parts := list -}}
-{{- range $i := until 4 -}}
-{{- range $reasons -}}
-{{- $parts = append $parts (printf "status.conditions.%d.reason==%s" $i .) -}}
-{{- end -}}
-{{- $parts = append $parts (printf "status.conditions.%d.type in (FailureTarget,Failed)" $i) -}}
-{{- end -}}
-{{- join "," $parts -}}
-{{- end -}}
 
 {{/*
 One stage as a batch/v1 Job manifest, embedded in an Argo resource template. Argo expressions are
@@ -322,6 +377,8 @@ Arguments: dict "root" $ "stage" NAME.
 {{- $image := ternary $root.Values.images.train $root.Values.images.infer (eq $stage "train") -}}
 {{- $round := `{{inputs.parameters.round}}` -}}
 {{- $tracking := and (eq $stage "train") (ne $root.Values.tracking.reportTo "none") $root.Values.tracking.existingSecret -}}
+{{- $extra := include "codeq.extraVolumes" (dict "root" $root "stage" $stage) | fromJson -}}
+{{- $annotations := merge (dict) ($s.podAnnotations | default dict) ($root.Values.jobs.podAnnotations | default dict) -}}
 apiVersion: batch/v1
 kind: Job
 metadata:
@@ -382,6 +439,10 @@ spec:
         codeq.io/round: {{ $round | quote }}
         # `argo logs <workflow>` lists the workflow's pods by this label and reads container "main".
         workflows.argoproj.io/workflow: {{`"{{workflow.name}}"`}}
+      {{- with $annotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
     spec:
       restartPolicy: Never
       serviceAccountName: {{ include "codeq.jobsServiceAccount" $root }}
@@ -397,7 +458,7 @@ spec:
         - name: {{ . }}
         {{- end }}
       {{- end }}
-      {{- include "codeq.placement" (dict "root" $root "pool" $s.pool "nodeSelector" $s.nodeSelector "tolerations" $s.tolerations) | trim | nindent 6 }}
+      {{- include "codeq.placement" (dict "root" $root "pool" $s.pool "nodeSelector" $s.nodeSelector "tolerations" $s.tolerations "runtimeClass" true) | trim | nindent 6 }}
       securityContext:
         {{- include "codeq.podSecurityContext" $root | nindent 8 }}
       containers:
@@ -424,9 +485,9 @@ spec:
           securityContext:
             {{- include "codeq.containerSecurityContext" (dict "root" $root "sandbox" $s.sandbox) | nindent 12 }}
           volumeMounts:
-            {{- include "codeq.volumeMounts" (dict "root" $root "models" true) | nindent 12 }}
+            {{- include "codeq.volumeMounts" (dict "root" $root "models" true "extraMounts" $extra.mounts) | nindent 12 }}
       volumes:
-        {{- include "codeq.volumes" (dict "root" $root "sizes" $s.volumes "models" true) | nindent 8 }}
+        {{- include "codeq.volumes" (dict "root" $root "sizes" $s.volumes "models" true "extraVolumes" $extra.volumes "extraMounts" $extra.mounts) | nindent 8 }}
 {{- end -}}
 
 {{/* NetworkPolicy egress rules shared by stage and workflow pods: cluster DNS and S3. */}}
@@ -492,13 +553,109 @@ checkov.io/skip3: "CKV_K8S_15=images.pullPolicy is set to {{ $root.Values.images
 checkov.io/skip4: "CKV_K8S_35=The W&B and MLflow clients read their credentials only from environment variables (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN); tracking.existingSecret reaches the train container only, and only when tracking.reportTo is set."
 {{- end }}
 {{- if .oneShot }}
-checkov.io/skip5: "CKV_K8S_8=A run-to-completion Argo step (it prints a number or releases Jobs, then exits); there is no long-running service whose liveness a probe could check."
+checkov.io/skip5: "CKV_K8S_8=A run-to-completion Argo step (it prints a number, or waits for, fences or releases Jobs, then exits); there is no long-running service whose liveness a probe could check."
 checkov.io/skip6: "CKV_K8S_9=A run-to-completion Argo step with no server and no traffic to route, so a readiness probe has nothing to report."
 {{- end }}
 {{- if .installer }}
 checkov.io/skip8: "CKV_K8S_8=The seccomp installer's container only keeps its pod on the node after the init container wrote the profile; restarting it could not repair anything, so its readiness probe reports whether the node's file is the chart's instead."
 {{- end }}
 {{- if .token }}
-checkov.io/skip7: "CKV_K8S_38=The exit handler lists, suspends and labels this round's Jobs through the Kubernetes API, so it needs the workflow ServiceAccount's token (Role: jobs in this namespace only)."
+checkov.io/skip7: "CKV_K8S_38=This step reads, stops or labels the run's Jobs (and reads its Workflow) through the Kubernetes API, so it needs the workflow ServiceAccount's token (Role: Jobs in this namespace, get on Workflows)."
 {{- end }}
+{{- end -}}
+
+{{/* Seconds in a Go duration such as "6h", "90m" or "1h30m" (workflow.startTimeout), rounded up. */}}
+{{- define "codeq.durationSeconds" -}}
+{{- $scale := dict "ns" 0.000000001 "us" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h)" . -1 -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" . "" -}}
+{{- $total = addf $total (mulf $number (index $scale $unit)) -}}
+{{- end -}}
+{{- ceil $total | int -}}
+{{- end -}}
+
+{{/*
+The round's deadline (the workflow's activeDeadlineSeconds): what its stages may take, each its
+Job's activeDeadlineSeconds (counted from the Job's start) plus workflow.startTimeout (how long
+it may wait to start), plus an hour for the workflow's own steps (pod starts, image pulls, the
+round number, the fence). workflow.activeDeadlineSeconds replaces it, but never with less.
+*/}}
+{{- define "codeq.stageNames" -}}prepare collect pairs train evaluate promote report{{- end -}}
+{{- define "codeq.workflowDeadline" -}}
+{{- $stages := splitList " " (include "codeq.stageNames" .) -}}
+{{- $start := include "codeq.durationSeconds" .Values.workflow.startTimeout | int -}}
+{{- $needed := 3600 -}}
+{{- range $stages -}}
+{{- $needed = add $needed (index $.Values.stages .).activeDeadlineSeconds $start -}}
+{{- end -}}
+{{- $set := .Values.workflow.activeDeadlineSeconds -}}
+{{- if kindIs "invalid" $set -}}
+{{- $needed -}}
+{{- else if lt (int $set) (int $needed) -}}
+{{- fail (printf "workflow.activeDeadlineSeconds=%d is shorter than a round may take (%d s: the stages' activeDeadlineSeconds, %d s of workflow.startTimeout per stage and 3600 s for the workflow's own steps); leave it null to derive it, or lower the stages' deadlines" (int $set) (int $needed) $start) -}}
+{{- else -}}
+{{- int $set -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Store and identity combinations that cannot work fail `helm install` with one line naming the
+value: an identity the store cannot use is worse than none, because it fails hours later in a
+pod. The jobs reach the store with boto3 (S3 API) only.
+*/}}
+{{- define "codeq.validateStore" -}}
+{{- $endpoint := .Values.store.endpointUrl | default "" -}}
+{{- $host := (urlParse (default "https://s3.amazonaws.com" $endpoint)).host | default "" -}}
+{{- $gcs := or (eq $host "storage.googleapis.com") (hasSuffix ".storage.googleapis.com" $host) -}}
+{{- $annotations := .Values.serviceAccount.jobs.annotations | default dict -}}
+{{- if hasKey $annotations "iam.gke.io/gcp-service-account" -}}
+{{- fail "serviceAccount.jobs.annotations.iam.gke.io/gcp-service-account: GKE Workload Identity yields Google credentials, which the store's S3 client (boto3) cannot use; for GCS use s3Credentials.mode=secret with HMAC keys and store.endpointUrl=https://storage.googleapis.com (docs/cluster.md)" -}}
+{{- end -}}
+{{- if eq .Values.s3Credentials.mode "serviceAccount" -}}
+{{- if not (hasKey $annotations "eks.amazonaws.com/role-arn") -}}
+{{- fail "s3Credentials.mode=serviceAccount needs serviceAccount.jobs.annotations.eks.amazonaws.com/role-arn (EKS IRSA, the one ServiceAccount identity boto3 turns into S3 credentials); elsewhere use s3Credentials.mode=secret" -}}
+{{- end -}}
+{{- if and $endpoint (not (regexMatch "(^|\\.)amazonaws\\.com(\\.cn)?$" $host)) -}}
+{{- fail (printf "store.endpointUrl=%s cannot be reached with s3Credentials.mode=serviceAccount: IRSA yields AWS credentials, which only AWS S3 accepts; use s3Credentials.mode=secret with that store's keys" $endpoint) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $gcs (ne .Values.store.checksums "when_required") -}}
+{{- fail (printf "store.checksums=%s: GCS's S3 interface (store.endpointUrl=%s) refuses the checksums boto3 sends by default; set store.checksums=when_required" .Values.store.checksums $endpoint) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pod of a workflow step that runs one of the chart's scripts (files/*.py, mounted from the
+scripts ConfigMap) in the infer image, with the workflow ServiceAccount and its token: the
+fence, each stage's `finish` and the exit handler. Arguments: dict "root" $ "args" LIST (the
+script and its arguments, after `python`).
+*/}}
+{{- define "codeq.scriptStep" -}}
+securityContext:
+  {{- include "codeq.podSecurityContext" .root | nindent 2 }}
+container:
+  name: main
+  image: {{ include "codeq.image" (dict "root" .root "stage" "script") }}
+  imagePullPolicy: {{ .root.Values.images.pullPolicy }}
+  command:
+    {{- toYaml (concat (list "python") .args) | nindent 4 }}
+  resources:
+    {{- toYaml .root.Values.workflow.helperResources | nindent 4 }}
+  securityContext:
+    {{- include "codeq.containerSecurityContext" (dict "root" .root "sandbox" false) | nindent 4 }}
+  volumeMounts:
+    - name: scripts
+      mountPath: /etc/codeq-scripts
+      readOnly: true
+    - name: tmp
+      mountPath: /tmp
+volumes:
+  - name: scripts
+    configMap:
+      name: {{ include "codeq.scriptsConfigMap" .root }}
+  - name: tmp
+    emptyDir:
+      sizeLimit: 64Mi
 {{- end -}}
