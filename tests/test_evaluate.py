@@ -299,3 +299,88 @@ def test_evaluate_with_the_real_engine_and_the_tiny_model(test_tasks, tiny_model
             assert trajectory.completion_tokens > 0
     assert results.modes["bon"].samples == 2
     assert set(results.mcts_rollout_ablation) == {"1", "2"}
+
+
+class SamplingPolicy(ScriptedPolicy):
+    """Greedy answers as scripted; of the n answers of a sampled request (temperature > 0) the
+    first `good[task]` fix the task and the others are wrong."""
+
+    def __init__(self, tasks: Sequence[Task], plans: dict[str, str], good: dict[str, int]):
+        super().__init__(tasks, plans)
+        self.good = good
+        self.requests: list[GenerationRequest] = []
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        self.requests += requests
+        results = super().generate(requests)
+        for index, request in enumerate(requests):
+            if request.temperature > 0 and request.stop != "score":
+                task = self._task_of("\n".join(message.content for message in request.messages))
+                texts = [
+                    f"```python\n{task.oracle_code}\n```"
+                    if i < self.good[task.task_id]
+                    else f"```python\n{task.buggy_code}\n{WRONG_MARKER} = {i}\n```"
+                    for i in range(request.n)
+                ]
+                results[index] = GenerationResult(
+                    texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n
+                )
+        return results
+
+
+def test_a_single_answer_mode_samples_answers_beside_its_greedy_one(test_tasks, tmp_path) -> None:
+    """promotion.samples: k answers to the greedy answer's own prompt, sampled at the search
+    temperature in one request, each scored on all tests and counted per task; the greedy
+    answer is scored as before; the sampled trees resume like a mode's, and another k samples
+    afresh."""
+    from codeq.errors import ConfigError
+    from codeq.evaluate.results import EvalResults
+
+    tasks = read_jsonl(test_tasks, Task)[:3]
+    first, second, third = (task.task_id for task in tasks)
+    plans = {first: "fix", second: "never", third: "never"}
+    good = {first: 1, second: 3, third: 0}
+    config = load_config(
+        overrides={
+            "search": {"temperature": 0.7, "top_p": 0.9},
+            "evaluate": {"max_tasks": 3, "modes": ["zero_shot", "full_rewrite"]},
+            "sandbox": {"backend": "subprocess", "workers": 2},
+        }
+    )
+
+    def run(samples: dict[str, int], out: str = "eval") -> tuple[EvalResults, SamplingPolicy]:
+        policy = SamplingPolicy(tasks, plans, good)
+        evaluation = evaluate(test_tasks, tmp_path / out, config, engine=policy, samples=samples)
+        return evaluation, policy
+
+    results, policy = run({"full_rewrite": 4})
+    greedy = results.modes["full_rewrite"]
+    assert greedy.per_task == {first: True, second: False, third: False}
+    assert greedy.sampled is not None and results.modes["zero_shot"].sampled is None
+    assert greedy.sampled.per_task == {first: 1, second: 3, third: 0}
+    assert (greedy.sampled.samples, greedy.sampled.temperature, greedy.sampled.top_p) == (
+        4,
+        0.7,
+        0.9,
+    )
+    assert greedy.sampled.pass_rate == pytest.approx(4 / 12)
+    sampled_requests = [r for r in policy.requests if r.temperature > 0]
+    assert [(r.n, r.temperature, r.top_p) for r in sampled_requests] == [(4, 0.7, 0.9)] * 3
+    assert len({r.seed for r in sampled_requests}) == 3, "each task's samples have their own seed"
+    sampled_trees = read_jsonl(
+        tmp_path / "eval/trajectories-full_rewrite-samples.jsonl", Trajectory
+    )
+    greedy_trees = read_jsonl(tmp_path / "eval/trajectories-full_rewrite.jsonl", Trajectory)
+    for sampled_tree, greedy_tree in zip(sampled_trees, greedy_trees, strict=True):
+        assert len(sampled_tree.nodes) == 5
+        assert sampled_tree.nodes[1].prompt == greedy_tree.nodes[1].prompt
+    assert EvalResults.load(tmp_path / "eval") == results
+
+    resumed, again = run({"full_rewrite": 4})
+    assert not again.requests, "the finished evaluation was searched again"
+    assert resumed.modes["full_rewrite"].sampled == greedy.sampled
+    fewer, other = run({"full_rewrite": 2})
+    assert [r.n for r in other.requests if r.temperature > 0] == [2] * 3
+    assert fewer.modes["full_rewrite"].sampled.per_task == {first: 1, second: 2, third: 0}
+    with pytest.raises(ConfigError, match="cannot sample answers in 'mcts'"):
+        run({"mcts": 2}, "mcts")

@@ -33,6 +33,19 @@ class Rate(BaseModel):
     ci_high: float
 
 
+class SampledPasses(BaseModel):
+    """k answers sampled per task beside a single-answer mode's greedy one, each scored on all
+    the task's tests: what promotion's paired test on pass counts reads (promotion.samples)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int = Field(description="k: answers sampled per task.")
+    temperature: float
+    top_p: float
+    per_task: dict[str, int] = Field(description="task_id -> sampled answers that passed.")
+    pass_rate: float = Field(description="Passing sampled answers over all sampled answers.")
+
+
 class ModeResult(Rate):
     """One mode on every task: the returned program of each task, scored on all its tests."""
 
@@ -48,6 +61,9 @@ class ModeResult(Rate):
     seconds: float | None = Field(None, description="Wall time of the search (whole searches).")
     rollouts: int | None = Field(None, description="MCTS: the rollout budget.")
     samples: int | None = Field(None, description="Best-of-N: N.")
+    sampled: SampledPasses | None = Field(
+        None, description="Single-answer modes on validation: k sampled answers per task too."
+    )
 
 
 class AnyNodeResult(Rate):

@@ -9,6 +9,10 @@ is exactly a budget-b search); best-of-n is the best of the first n samples of o
 (each sample has its own seeded random stream, so those n are exactly a best-of-n run). Best-of-N
 is run with at least as many samples as the largest MCTS budget writes, so both can be compared
 at equal numbers of programs. CodeQ's optimistic "any node passed" figure is reported apart.
+
+A single-answer mode can also sample k answers per task beside its greedy one (promotion's
+paired test on pass counts, promotion.samples): the same prompt at the search temperature, one
+request of k, each sample from its own seeded stream, each scored on all the task's tests.
 """
 
 from __future__ import annotations
@@ -17,13 +21,20 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from codeq.config import SEARCH_MODE_OF, CodeQConfig, EvalMode, is_neutral
-from codeq.errors import BadInputError
-from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, Split, primary_mode
+from codeq.errors import BadInputError, ConfigError
+from codeq.evaluate.results import (
+    AnyNodeResult,
+    EvalResults,
+    ModeResult,
+    SampledPasses,
+    Split,
+    primary_mode,
+)
 from codeq.evaluate.stats import rate, summarize
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
@@ -36,6 +47,8 @@ ANY_NODE_LABEL = (
     "tree passes its tests, i.e. an oracle picks the answer. Not comparable to solve_rate, "
     "which scores the one program the search returns."
 )
+SINGLE_ANSWER_MODES: tuple[EvalMode, ...] = ("zero_shot", "full_rewrite")
+SAMPLES_SUFFIX = "-samples"  # trajectories-<mode>-samples.jsonl: a mode's sampled answers
 
 
 def load_eval_tasks(tasks_path: str | Path, split: Split, max_tasks: int | None) -> list[Task]:
@@ -100,13 +113,13 @@ def any_node_passed(
 
 
 def _load_engine(config: CodeQConfig, adapter: str | Path | None) -> Any:
-    from codeq.policy import PolicyEngine
+    from codeq.policy import load_policy
     from codeq.policy.source import require_adapter_dir
 
     policy = config.policy
     if adapter is not None:
         policy = policy.model_copy(update={"adapter": str(require_adapter_dir(adapter))})
-    return PolicyEngine.load(policy, seed=config.tasks.seed)
+    return load_policy(policy, seed=config.tasks.seed)
 
 
 def evaluate(
@@ -119,16 +132,26 @@ def evaluate(
     engine: Any = None,
     sandbox: Any = None,
     policy: Lineage | None = None,
+    samples: Mapping[str, int] | None = None,
 ) -> EvalResults:
     """Run every configured mode on the same tasks of `split`; write out_dir/results.json (and
-    each mode's trajectories) and return the results. `policy` records what was evaluated."""
+    each mode's trajectories) and return the results. `policy` records what was evaluated.
+    `samples` (mode -> k) adds k sampled answers per task to single-answer modes."""
     from codeq.sandbox import Sandbox
 
     out_dir = Path(out_dir)
+    sampled = {mode: k for mode, k in (samples or {}).items() if k}
+    for mode in sampled:
+        if mode not in SINGLE_ANSWER_MODES or mode not in config.evaluate.modes:
+            raise ConfigError(
+                f"cannot sample answers in {mode!r}: only an evaluated single-answer mode "
+                f"({', '.join(SINGLE_ANSWER_MODES)}) has a greedy answer to sample beside",
+                hint="make promotion.modes start with zero_shot or full_rewrite",
+            )
     tasks = load_eval_tasks(tasks_path, split, config.evaluate.max_tasks)
     if engine is None:
         engine = _load_engine(config, adapter)
-    run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy)
+    run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy, sampled)
     if sandbox is None:
         with Sandbox(config.sandbox) as owned_sandbox:
             return run.all_modes(owned_sandbox)
@@ -147,9 +170,11 @@ class _Evaluation:
         split: Split,
         adapter: str | Path | None,
         policy: Lineage | None,
+        samples: Mapping[str, int],
     ) -> None:
         self.tasks, self.out_dir, self.config, self.engine = tasks, out_dir, config, engine
         self.split, self.adapter, self.policy = split, adapter, policy
+        self.samples = samples
         self.budgets = sorted({*config.evaluate.rollout_ablation, config.search.rollouts})
         rewrites = config.search.rewrites_per_expansion
         self.bon_sizes = sorted({rewrites * b for b in self.budgets} | {config.search.bon_samples})
@@ -176,7 +201,10 @@ class _Evaluation:
                 self._add_bon(results, trajectories, seconds, sandbox)
             else:
                 picked = [[n for n in t.nodes if n.parent is not None] for t in trajectories]
-                results.modes[mode] = self._score(trajectories, picked, seconds, sandbox)
+                extra = {}
+                if self.samples.get(mode):
+                    extra["sampled"] = self._sampled(mode, self.samples[mode], sandbox)
+                results.modes[mode] = self._score(trajectories, picked, seconds, sandbox, **extra)
             log.info(
                 "%s on %d %s tasks: solve rate %.3f",
                 mode,
@@ -188,10 +216,7 @@ class _Evaluation:
         return results
 
     def _search(self, mode: EvalMode, sandbox: Any) -> tuple[list[Trajectory], float]:
-        """Search every task in `mode`. Each finished tree is appended to a partial file at once,
-        so an interrupted evaluation resumes with the tasks it has not searched yet (a
-        deterministic search redoes the rest of the task group it was stopped in, so the trees
-        are those of an uninterrupted run)."""
+        """Search every task in `mode`, resumably (`_resumable`)."""
         from codeq.search import run_search
 
         rollouts = None
@@ -199,34 +224,102 @@ class _Evaluation:
             rollouts = max(self.budgets)
         elif mode == "bon":
             rollouts = max(self.bon_sizes)
-        resume = _ModeResume(self.out_dir, mode, self._resume_key(mode, rollouts))
+        config = self._search_config(mode, rollouts)
+
+        def run(finished: Callable[[Trajectory], None], done: Collection[str]) -> None:
+            run_search(self.tasks, self.engine, sandbox, config, on_trajectory=finished, done=done)
+
+        return self._resumable(mode, self._resume_key(mode, rollouts), run)
+
+    def _resumable(
+        self,
+        label: str,
+        key: str,
+        run: Callable[[Callable[[Trajectory], None], Collection[str]], None],
+    ) -> tuple[list[Trajectory], float]:
+        """Every task's tree from `run(on_trajectory, done)`. Each finished tree is appended
+        to a partial file at once, so an interrupted evaluation resumes with the tasks it has
+        not searched yet (a deterministic search redoes the rest of the task group it was
+        stopped in, so the trees are those of an uninterrupted run)."""
+        resume = _ModeResume(self.out_dir, label, key)
         remaining = [task for task in self.tasks if task.task_id not in resume.done]
         if len(remaining) < len(self.tasks):
             log.info(
                 "%s: resuming, %d of %d tasks already searched (%s)",
-                mode,
+                label,
                 len(self.tasks) - len(remaining),
                 len(self.tasks),
                 resume.partial,
             )
         started = time.perf_counter()
-        with progress_bar(len(self.tasks), f"evaluate {mode} ({self.split})") as bar:
+        with progress_bar(len(self.tasks), f"evaluate {label} ({self.split})") as bar:
             bar.update(len(self.tasks) - len(remaining))
 
             def finished(trajectory: Trajectory) -> None:
                 resume.record(trajectory, time.perf_counter() - started)
                 bar.update(1)
 
-            run_search(
-                self.tasks,
-                self.engine,
-                sandbox,
-                self._search_config(mode, rollouts),
-                on_trajectory=finished,
-                done=set(resume.done),
-            )
+            run(finished, set(resume.done))
         trajectories = [resume.done[task.task_id] for task in self.tasks]
         return trajectories, resume.seconds_before + time.perf_counter() - started
+
+    def _sampled(self, mode: EvalMode, k: int, sandbox: Any) -> SampledPasses:
+        """k answers per task to the prompt `mode` answers greedily, sampled at the search
+        temperature in one request (each sample from its own seeded stream), each scored on
+        all the task's tests. Their trees are resumable and reused like a mode's."""
+        from dataclasses import replace
+
+        from codeq.search import SearchSettings, sandbox_scorer, search
+
+        label = f"{mode}{SAMPLES_SUFFIX}"
+        greedy = SearchSettings.resolve(
+            self._search_config(mode, None), model=getattr(self.engine, "name", "")
+        )
+        settings = replace(
+            greedy,
+            rewrites=k,
+            temperature=self.config.search.temperature,
+            top_p=self.config.search.top_p,
+        )
+
+        def run(finished: Callable[[Trajectory], None], done: Collection[str]) -> None:
+            scorer = sandbox_scorer(sandbox)
+            search(self.tasks, self.engine, scorer, settings, on_trajectory=finished, done=done)
+
+        trajectories, _ = self._resumable(label, self._resume_key(label, None, samples=k), run)
+        write_jsonl(self.out_dir / f"trajectories-{label}.jsonl", trajectories)
+        passes = self._passes(trajectories, sandbox)
+        return SampledPasses(
+            samples=k,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            per_task=passes,
+            pass_rate=sum(passes.values()) / (k * len(self.tasks)),
+        )
+
+    def _passes(self, trajectories: list[Trajectory], sandbox: Any) -> dict[str, int]:
+        """How many of each task's rewrites pass all its tests (visible and hidden); each
+        distinct valid program is run once, an invalid rewrite (empty, unchanged) fails."""
+        from codeq.tasks import score_programs
+
+        items = [
+            (task, program)
+            for task, trajectory in zip(self.tasks, trajectories, strict=True)
+            for program in sorted({node.program for node in trajectory.nodes[1:] if node.valid})
+        ]
+        verdicts = score_programs(items, "all", sandbox)
+        passing = {
+            (task.task_id, program)
+            for (task, program), verdict in zip(items, verdicts, strict=True)
+            if verdict.passed
+        }
+        return {
+            task.task_id: sum(
+                node.valid and (task.task_id, node.program) in passing
+                for node in trajectory.nodes[1:]
+            )
+            for task, trajectory in zip(self.tasks, trajectories, strict=True)
+        }
 
     def _search_config(self, mode: EvalMode, rollouts: int | None) -> CodeQConfig:
         """The config `mode` searches with: its search mode, rewarded by the visible tests only,
@@ -238,9 +331,10 @@ class _Evaluation:
             search["bon_samples"] = rollouts
         return self.config.derive(search=search)
 
-    def _resume_key(self, mode: str, rollouts: int | None) -> str:
-        """What must match for searched trees to be reused: policy, search settings, mode."""
-        described = {
+    def _resume_key(self, mode: str, rollouts: int | None, samples: int | None = None) -> str:
+        """What must match for searched trees to be reused: policy, search settings, mode (and
+        the number of sampled answers)."""
+        described: dict[str, Any] = {
             "mode": mode,
             "split": self.split,
             "rollouts": rollouts,
@@ -253,6 +347,8 @@ class _Evaluation:
                 if not is_neutral(f"search.{key}", value)
             },
         }
+        if samples is not None:  # only sampled answers' keys have it: earlier keys are unchanged
+            described["samples"] = samples
         encoded = json.dumps(described, sort_keys=True).encode()
         return hashlib.sha256(encoded).hexdigest()[:16]
 

@@ -98,8 +98,10 @@ STAGE_KEYS: dict[str, list[str]] = {
         "evaluate.max_tasks",
         "promotion.modes",
         "promotion.max_tasks",
+        "promotion.samples",
+        "promotion.guard_modes",
     ],
-    "promote": ["promotion.modes", "promotion.level"],
+    "promote": ["promotion.modes", "promotion.level", "promotion.samples", "promotion.guard_modes"],
     "report": [],
 }
 
