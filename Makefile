@@ -80,8 +80,9 @@ images-base:
 twin: setup images
 	$(IN_VENV) $(VENV_PYTHON) -m tests.twin --no-build
 
+# Two chained rounds (codeq/data/presets/laptop.yaml); rerun to resume, `codeq round` for one more.
 demo: setup-sandbox setup-python
-	$(IN_VENV) $(BIN)/codeq round
+	$(IN_VENV) $(BIN)/codeq rounds --rounds 2
 
 test: setup
 	$(IN_VENV) $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
@@ -103,5 +104,8 @@ bench: setup-python
 	$(VENV_PYTHON) bench/search.py
 	$(VENV_PYTHON) bench/train.py
 
+# Also the merged policies in policy.cache_dir (`codeq cache` lists them, with their sizes); the
+# models dequantized from GGUF files stay.
 clean:
 	rm -rf codeq-runs codeq-store .pytest_cache .mypy_cache .ruff_cache
+	@if [ -x $(BIN)/codeq ]; then $(BIN)/codeq cache --clear; fi

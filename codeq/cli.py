@@ -9,12 +9,16 @@ value as its default; `-c/--config` and `--preset` work before or after the comm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import logging
+import shlex
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +64,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "codeq.commands.rounds",
         "Run chained rounds locally until N rounds or no more promotions.",
     ),
+    "cache": (
+        "codeq.commands.cache",
+        "List the merged policies in policy.cache_dir, or remove them.",
+    ),
 }
+
+# Commands that choose and show their settings themselves; every other one (a stage) says on its
+# first line which settings and model it uses, and takes a finished local round's settings when
+# given a path inside that round.
+OWN_SETTINGS = {"config", "cache", "round", "rounds"}
 
 app = typer.Typer(
     name="codeq",
     help="CodeQ: self-improving code-debugging agent. Stages of a round, in order: "
     + " -> ".join(
-        name for name in COMMANDS if name not in {"config", "exec", "merge", "round", "rounds"}
+        name
+        for name in COMMANDS
+        if name not in {"config", "exec", "merge", "round", "rounds", "cache"}
     )
     + ". `codeq round` runs them all locally.",
     no_args_is_help=True,
@@ -115,7 +130,7 @@ def _global_options(
     setup_logging(verbose)
 
 
-def _with_config_options(function: Callable[..., None]) -> Callable[..., None]:
+def _with_config_options(name: str, function: Callable[..., None]) -> Callable[..., None]:
     """The command, also taking -c/--config and --preset after its name (they win over the
     same options given before it)."""
     signature = inspect.signature(function, eval_str=True)
@@ -142,6 +157,10 @@ def _with_config_options(function: Callable[..., None]) -> Callable[..., None]:
             common.STATE.config_file = config_file
         if preset is not None:
             common.STATE.preset = preset
+        common.STATE.command = name
+        if name not in OWN_SETTINGS:
+            common.use_round_settings([*args, *kwargs.values()])
+            common.STATE.announce = True
         function(*args, **kwargs)
 
     command.__signature__ = signature.replace(  # type: ignore[attr-defined]
@@ -157,7 +176,7 @@ def _with_config_options(function: Callable[..., None]) -> Callable[..., None]:
 
 for _name, (_module, _help) in COMMANDS.items():
     app.command(_name, short_help=_help)(
-        _with_config_options(importlib.import_module(_module).command)
+        _with_config_options(_name, importlib.import_module(_module).command)
     )
 
 
@@ -166,25 +185,89 @@ def _fail(message: str, hint: str | None, code: int) -> int:
     return code
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (tests call this; `main` exits with it)."""
+# What a rerun of an interrupted command keeps (the rest starts over).
+_ROUND_RESUME = "finished stages are skipped; collect and evaluate keep the tasks they finished"
+RESUMES = {
+    "round": _ROUND_RESUME,
+    "rounds": _ROUND_RESUME,
+    "collect": "it skips the tasks it finished",
+    "evaluate": "it skips the tasks it searched",
+}
+
+
+@contextlib.contextmanager
+def _stop_signals(received: list[int]) -> Iterator[None]:
+    """While a command runs, SIGINT (Ctrl-C) and SIGTERM raise KeyboardInterrupt, so every
+    `finally` on the way out runs (sandbox workers stopped, no completion marker written), and
+    are recorded in `received`: an interrupt that library code turns into another error is still
+    an interrupt. A second SIGTERM is ignored so it cannot cut that clean-up short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, stop)
     try:
-        app(args=argv, prog_name="codeq", standalone_mode=False)
-    except CodeQError as exc:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupted(signum: int, argv: list[str]) -> int:
+    """One line: what finished, and the command that resumes; exit 128 + the signal."""
+    command = common.STATE.command
+    done = common.STATE.progress() if common.STATE.progress else None
+    what = done or (f"`codeq {command}` stopped before it finished" if command else "stopped")
+    keeps = RESUMES.get(command or "", "it starts over")
+    print_error(
+        f"interrupted ({signal.Signals(signum).name}): {what}; to resume, run the same "
+        f"command again: codeq {shlex.join(argv)} ({keeps})"
+    )
+    return 128 + signum
+
+
+def _failed(exc: BaseException) -> int:
+    if isinstance(exc, CodeQError):
         return report_error(exc, traceback=False)
-    except typer.Exit as exc:
+    if isinstance(exc, typer.Exit):
         return int(exc.exit_code)
-    except typer.Abort:
+    if isinstance(exc, typer.Abort):
         return _fail("aborted", None, 130)
-    except click_exceptions.ClickException as exc:
+    if isinstance(exc, click_exceptions.ClickException):
         context = getattr(exc, "ctx", None)
         command = context.command_path if context is not None else "codeq COMMAND"
         return _fail(exc.format_message(), f"run `{command} --help` for usage", EXIT_BAD_INPUT)
-    except KeyboardInterrupt:
-        return _fail("interrupted", None, 130)
-    except Exception as exc:  # noqa: BLE001 - unexpected errors become one line too
+    if isinstance(exc, Exception):  # unexpected errors become one line too
         return report_error(exc, traceback=logging.getLogger().isEnabledFor(logging.DEBUG))
-    return 0
+    raise exc
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (tests call this; `main` exits with it). Ctrl-C or
+    SIGTERM exits 130 or 143 with one line saying what finished and how to resume."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    common.STATE.command, common.STATE.progress, common.STATE.argv = None, None, argv
+    common.STATE.round_settings, common.STATE.announce = None, False
+    received: list[int] = []
+    with _stop_signals(received):
+        try:
+            # typer turns a KeyboardInterrupt into the return value 130
+            result = app(args=argv, prog_name="codeq", standalone_mode=False)
+        except (Exception, KeyboardInterrupt, typer.Exit, typer.Abort) as exc:
+            if received or isinstance(exc, KeyboardInterrupt):
+                return _interrupted(received[0] if received else signal.SIGINT, argv)
+            return _failed(exc)
+    if received or result == 128 + signal.SIGINT:
+        return _interrupted(received[0] if received else signal.SIGINT, argv)
+    return result if isinstance(result, int) else 0
 
 
 def main() -> None:

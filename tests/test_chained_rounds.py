@@ -18,6 +18,7 @@ from codeq.pipeline.stages import StageContext
 from codeq.promotion import PromotionDecision
 from codeq.schemas import Lineage, Pair, Task, Trajectory, read_jsonl
 from codeq.store import RoundLayout, open_store
+from codeq.train.lineage import merged_key
 
 SETTINGS = {
     "tasks": {"max_items": 12},
@@ -129,7 +130,7 @@ def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, mo
     round1 = RoundLayout("chain", 1)
     base_engine, chained_engine = seen
     assert chained_engine is engines[candidate.id] and chained_engine is not base_engine
-    assert f"merged/{candidate.id}" in chained_engine.name
+    assert f"merged/{merged_key(candidate)}" in chained_engine.name
     prompt = "def add(a, b):\n    return a - b\n"
     difference = (logits_of(chained_engine, prompt) - logits_of(base_engine, prompt)).abs().max()
     assert difference > 1e-4
@@ -144,7 +145,7 @@ def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, mo
     )
     assert Lineage.model_validate(provenance["trained_on"]) == candidate
     metrics = store.get_json(round1.stage("adapter") + "/metrics.json")
-    assert f"merged/{candidate.id}" in metrics["base_model"]
+    assert f"merged/{merged_key(candidate)}" in metrics["base_model"]
     first = metrics["steps"][0]  # before the first update the LoRA is zero: the policy is the
     assert first["rewards/chosen"] == pytest.approx(0.0, abs=1e-5)  # reference, so DPO's
     assert first["rewards/rejected"] == pytest.approx(0.0, abs=1e-5)  # reference is that policy

@@ -118,7 +118,7 @@ def test_round_keeps_its_laptop_preset_under_a_user_file(tmp_path, monkeypatch, 
     laptop = yaml.safe_load((PRESETS_DIR / "laptop.yaml").read_text())
     seen = []
 
-    def capture(config, out, *, source=None, engines=None, force=False):
+    def capture(config, out, *, source=None, engines=None, force=False, progress=None):
         seen.append(config)
         return {"round": 0, "seconds": 0.0, "results": {}, "report": str(out / "report")}
 
@@ -135,3 +135,48 @@ def test_round_keeps_its_laptop_preset_under_a_user_file(tmp_path, monkeypatch, 
         assert f"preset laptop + file {mine}" in capsys.readouterr().err
     assert run(["round", "--preset", "production", "-o", str(tmp_path / "run")]) == 0
     assert seen.pop().policy.model == "Qwen/Qwen2.5-Coder-7B-Instruct"
+
+
+def test_stage_commands_inside_a_local_round_use_its_settings_and_say_so(
+    tmp_path, monkeypatch, capsys
+):
+    """After `codeq round`, README's next commands point at the round's folders: they run with
+    the round's settings (not the production preset, which loads the 7B model), say so on their
+    first line, and `codeq config --run` shows those settings."""
+    from codeq.pipeline import stages
+
+    def finished(context, **arguments):
+        context.store.mark_complete(context.layout.stage("promote"), {"promote": False})
+        return {"skipped": False}
+
+    for name in stages.STAGES:
+        monkeypatch.setitem(stages.STAGE_FUNCTIONS, name, finished)
+    out = tmp_path / "run"
+    assert run(["round", "-o", str(out), "--max-items", "3"]) == 0
+    round_dir = out / "store" / "runs" / "local" / "round-0"
+    settings = round_dir / "settings.yaml"
+    assert yaml.safe_load(settings.read_text())["tasks"]["max_items"] == 3
+    empty = round_dir / "trajectories" / "shard-0" / "trajectories.jsonl"
+    empty.parent.mkdir(parents=True)
+    empty.write_text("")
+    capsys.readouterr()
+
+    assert run(["pairs", str(empty), "-o", str(tmp_path / "pairs")]) != 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"settings: those of round 0 of run local ({settings}; --preset or -c to use others), "
+        "model smollm2"
+    )
+    assert run(["--preset", "production", "pairs", str(empty), "-o", str(tmp_path / "p")]) != 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        "settings: preset production (`codeq config --explain` shows every key), "
+        "model Qwen/Qwen2.5-Coder-7B-Instruct"
+    )
+
+    assert run(["config", "--run", "local", "-o", str(out), "--explain"]) == 0
+    explained = capsys.readouterr().out
+    assert f"  model: smollm2  # file {settings}" in explained
+    assert f"  max_items: 3  # file {settings}" in explained
+    assert run(["config", "--run", "other", "-o", str(out)]) == 2
+    assert "run 'other' has no finished round" in capsys.readouterr().err

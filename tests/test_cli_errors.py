@@ -149,21 +149,114 @@ def test_an_empty_task_folder(tmp_path, capsys):
     assert "no python3_" in error
 
 
-def test_a_mistyped_relative_folder_read_as_a_hub_id_says_so(tmp_path, monkeypatch, capsys):
-    """`--source data/debugbench` with no such folder is a valid hub id; offline, the error
-    must not only say 'retry later'."""
-    import datasets
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """The Hugging Face hub at a closed local port: every request fails to connect at once."""
+    from huggingface_hub import constants
 
-    def unreachable(*args, **kwargs):
-        raise ConnectionError("Couldn't reach 'data/debugbench' on the Hub (offline)")
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    return endpoint
 
-    monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    monkeypatch.chdir(tmp_path)
+
+def test_a_hub_id_on_an_unreachable_hub_is_transient_and_says_it_was_read_as_an_id(
+    tmp_path, monkeypatch, capsys, unreachable_hub
+):
+    """`--source data/debugbench` with no such folder here or nearby is spelt like a hub id;
+    with the hub unreachable a retry may fix it (exit 75), and the hint says how it was read."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
     code = run(["prepare", "--source", "data/debugbench", "-o", str(tmp_path / "t")])
     assert code == EXIT_TRANSIENT
     error, hint = error_and_hint(capsys.readouterr().err)
     assert error.startswith("error: cannot reach the Hugging Face hub for 'data/debugbench'")
     assert "there is no local folder 'data/debugbench'" in hint
+
+
+@pytest.mark.parametrize("command", ["prepare", "round"])
+def test_a_mistyped_folder_is_bad_input_at_once_with_did_you_mean(
+    tmp_path, monkeypatch, capsys, unreachable_hub, command
+):
+    """The README's `--source ../shared/debugbench` typed as `data/debugbench`: a folder of
+    that name lies next door, so it is a mistyped path (exit 2 and where it is), not a hub id to
+    retry for half a minute (exit 75)."""
+    (tmp_path / "shared" / "debugbench").mkdir(parents=True)
+    (tmp_path / "main").mkdir()
+    monkeypatch.chdir(tmp_path / "main")
+    code = run([command, "--source", "data/debugbench", "-o", str(tmp_path / "t")])
+    assert code == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert "'data/debugbench' is no local folder" in error
+    assert hint.startswith("hint: did you mean ../shared/debugbench?")
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "suggestion"),
+    [
+        (
+            "bultin",
+            "error: unknown task source 'bultin': no such folder, and not 'builtin'",
+            "builtin",
+        ),
+        (
+            "Builtin",
+            "error: unknown task source 'Builtin': no such folder, and not 'builtin'",
+            "builtin",
+        ),
+        (
+            "./tasks/debugbnch",
+            "error: task source './tasks/debugbnch' does not exist",
+            "tasks/debugbench",
+        ),
+    ],
+)
+def test_a_near_miss_of_builtin_or_a_path_stops_the_round_before_any_stage(
+    tmp_path, monkeypatch, capsys, source, error, suggestion
+):
+    (tmp_path / "tasks" / "debugbench").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    assert run(["round", "--source", source, "-o", str(out)]) == EXIT_BAD_INPUT
+    found, hint = error_and_hint(capsys.readouterr().err)
+    assert found == error
+    assert hint.startswith(f"hint: did you mean {suggestion}?")
+    assert not out.exists(), "nothing is started (no store, no prepared tasks)"
+
+
+def test_a_folder_typo_spelt_like_a_hub_id_names_the_close_folder(
+    tmp_path, monkeypatch, capsys, unreachable_hub
+):
+    """`tasks/debugbnch` may be a hub dataset; the hub cannot be reached, and `tasks/` holds
+    `debugbench`: a mistyped folder (exit 2), not a hub id to retry."""
+    (tmp_path / "tasks" / "debugbench").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    code = run(["prepare", "--source", "tasks/debugbnch", "-o", str(tmp_path / "t")])
+    assert code == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert "'tasks/debugbnch' is no local folder" in error
+    assert hint.startswith("hint: did you mean tasks/debugbench?")
+
+
+@pytest.mark.parametrize("model", ["smolm2", "SmolLM2", "smollm-2", "smollm"])
+def test_a_near_miss_of_smollm2_stops_the_round_before_any_stage(tmp_path, capsys, model):
+    out = tmp_path / "run"
+    assert run(["round", "--model", model, "-o", str(out)]) == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error == f"error: unknown model {model!r}: no such folder or file, and not 'smollm2'"
+    assert hint.startswith("hint: did you mean smollm2?")
+    assert not out.exists()
+
+
+def test_a_mistyped_model_path_names_the_close_one(tmp_path, monkeypatch, capsys):
+    (tmp_path / "models" / "smollm2-135m").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    code = run(["round", "--model", "./models/smollm2-135", "-o", str(tmp_path / "run")])
+    assert code == EXIT_BAD_INPUT
+    error, hint = error_and_hint(capsys.readouterr().err)
+    assert error == "error: model path ./models/smollm2-135 does not exist"
+    assert hint.startswith("hint: did you mean models/smollm2-135m?")
 
 
 def trajectory(task_id: str, values: tuple[float, float]) -> Trajectory:

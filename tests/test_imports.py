@@ -24,6 +24,7 @@ SEARCHING = {
 ALLOWED: dict[str, set[str]] = {
     "codeq.errors": set(),
     "codeq.progress": set(),
+    "codeq.locations": set(),
     "codeq.config_layers": FOUNDATION,
     "codeq.config": FOUNDATION | {"codeq.config_layers"},
     "codeq.schemas": FOUNDATION,
@@ -31,8 +32,9 @@ ALLOWED: dict[str, set[str]] = {
     "codeq.shards": FOUNDATION,
     "codeq.sandbox": FOUNDATION | {"codeq.config"},
     "codeq.store": FOUNDATION | {"codeq.config", "codeq.logs"},
-    "codeq.policy": FOUNDATION | {"codeq.config", "codeq.logs", "codeq.schemas"},
-    "codeq.tasks": FOUNDATION | {"codeq.config", "codeq.sandbox", "codeq.schemas"},
+    "codeq.policy": FOUNDATION | {"codeq.config", "codeq.locations", "codeq.logs", "codeq.schemas"},
+    "codeq.tasks": FOUNDATION
+    | {"codeq.config", "codeq.locations", "codeq.sandbox", "codeq.schemas"},
     "codeq.report": FOUNDATION | {"codeq.schemas"},
     "codeq.pairs": FOUNDATION | {"codeq.config", "codeq.policy", "codeq.schemas"},
     "codeq.train": FOUNDATION

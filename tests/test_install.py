@@ -40,7 +40,7 @@ def test_demo_installs_into_the_venv_and_runs_its_codeq(tmp_path):
     assert pip_lines and all(line.startswith(f"{venv}/bin/python -m pip ") for line in pip_lines)
     assert not any(line.lstrip().startswith("sudo") and "pip" in line for line in lines)
     assert "checkov" not in result.stdout, "the demo does not need the test tools"
-    assert lines[-1].endswith(f"{venv}/bin/codeq round"), "not a bare `codeq` from PATH"
+    assert lines[-1].endswith(f"{venv}/bin/codeq rounds --rounds 2"), "not a bare `codeq` from PATH"
 
 
 def test_checkov_is_installed_only_for_the_tests(tmp_path):

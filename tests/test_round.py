@@ -150,3 +150,84 @@ def test_codeq_round_command_on_a_local_folder(tiny_model_dir, tmp_path, capsys,
     assert report.is_file() and "<html" in report.read_text().lower()
     for stage in ("prepare", "collect", "pairs", "train", "evaluate", "promote", "report"):
         assert f"stage {STAGES.index(stage) + 1}/7: {stage}" in captured.err
+
+
+# ------------------------------------------------------------------------------ the demo chain
+
+
+def test_the_laptop_preset_leaves_promotion_enough_validation_tasks(tmp_path):
+    """A clean gain on every validation task of the demo must be able to reach the level: the
+    one-sided exact McNemar test needs 5 tasks gained and none lost at 0.05 (the 3 validation
+    tasks of a 0.25 split gave p = 0.125 even at +3/-0, so the demo could never promote)."""
+    from codeq.cli import run as cli_run
+    from codeq.promotion import one_sided_mcnemar
+
+    out = tmp_path / "tasks"
+    assert cli_run(["--preset", "laptop", "prepare", "--source", "builtin", "-o", str(out)]) == 0
+    laptop = load_config(LOCAL_ROUND_PRESET)
+    validation = read_jsonl(out / "validation.jsonl", Task)
+    assert one_sided_mcnemar(len(validation), 0) < laptop.promotion.level
+    assert one_sided_mcnemar(5, 0) < laptop.promotion.level <= one_sided_mcnemar(4, 0)
+    train = read_jsonl(out / "train.jsonl", Task)
+    per_round = laptop.tasks.train_per_round
+    assert per_round is not None and per_round < len(train), "rounds collect on new tasks"
+
+
+def stub_rounds(monkeypatch) -> None:
+    """Every stage returns at once; each round finishes and promotes nothing."""
+    from codeq.pipeline import stages
+
+    def finished(context, **arguments):
+        for stage in ("promote", "report"):
+            context.store.mark_complete(context.layout.stage(stage), {"promote": False})
+        return {"skipped": False}
+
+    for name in stages.STAGES:
+        monkeypatch.setitem(stages.STAGE_FUNCTIONS, name, finished)
+
+
+def last_line(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_demo_chains_two_rounds_without_a_promotion(tmp_path, monkeypatch, capsys):
+    """`make demo` is `codeq rounds --rounds 2`: with the laptop preset round 1 runs even when
+    round 0 promoted nothing (promotion.patience 2)."""
+    from codeq.cli import run as cli_run
+
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    assert "$(BIN)/codeq rounds --rounds 2\n" in makefile.split("\ndemo:", 1)[1]
+    stub_rounds(monkeypatch)
+    out = tmp_path / "demo"
+    assert cli_run(["rounds", "--rounds", "2", "-o", str(out)]) == 0
+    assert last_line(capsys) == "run local: 2 of 2 rounds finished"
+    runs = out / "store" / "runs" / "local"
+    assert sorted(p.parent.name for p in runs.glob("round-*/settings.yaml")) == [
+        "round-0",
+        "round-1",
+    ]
+
+
+def test_rounds_say_truly_why_they_stopped_and_how_to_go_on(tmp_path, monkeypatch, capsys):
+    from codeq.cli import run as cli_run
+
+    stub_rounds(monkeypatch)
+    monkeypatch.setenv("CODEQ_PROMOTION__PATIENCE", "1")
+    out = tmp_path / "demo"
+    stopped = (
+        "run local: stopped with 1 of 2 rounds finished: the last 1 round(s) in a row promoted "
+        f"nothing, and promotion.patience is 1. To go on, `codeq round -o {out}` runs round 1 "
+        f"anyway, or `CODEQ_PROMOTION__PATIENCE=2 codeq rounds --rounds 2 -o {out}` lets the "
+        "chain go on"
+    )
+    assert cli_run(["rounds", "--rounds", "2", "-o", str(out)]) == 0
+    assert last_line(capsys) == stopped
+    assert cli_run(["rounds", "--rounds", "2", "-o", str(out)]) == 0  # the rerun: still true
+    assert last_line(capsys) == stopped
+    assert cli_run(["round", "-o", str(out)]) == 0  # what it says goes on
+    assert "round 1 finished" in capsys.readouterr().err
+    assert cli_run(["rounds", "--rounds", "2", "-o", str(out)]) == 0
+    assert last_line(capsys) == (
+        "run local already has 2 finished round(s), so --rounds 2 has nothing to do; "
+        f"`codeq rounds --rounds 3 -o {out}` runs round 2"
+    )

@@ -4,6 +4,9 @@ option helpers that keep option names, metavars and shown defaults the same in e
 from __future__ import annotations
 
 import os
+import re
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ import typer
 
 from codeq.config import CodeQConfig, explain_config, load_config
 from codeq.config_layers import (
+    CONFIG_FILE_ENV,
     DEFAULT_PRESET,
     PRESET_ENV,
     PRESETS_DIR,
@@ -25,6 +29,11 @@ from codeq.errors import StageFailedError
 class CliState:
     config_file: Path | None = None
     preset: str | None = None
+    command: str | None = None  # the running command's name
+    argv: list[str] | None = None  # the command line after `codeq`
+    progress: Callable[[], str] | None = None  # what it has finished, for an interrupt's line
+    round_settings: str | None = None  # "round N of run R" when config_file is its settings
+    announce: bool = False  # say on the first line which settings and model the command uses
 
 
 STATE = CliState()
@@ -49,7 +58,72 @@ def config_with(
 ) -> CodeQConfig:
     """Load the config (preset, file, env) and apply CLI flag overrides; None values are
     dropped. `preset` is the command's default preset (--preset and CODEQ_PRESET win)."""
-    return load_config(STATE.config_file, _cleaned(overrides), preset=chosen_preset(preset))
+    config = load_config(STATE.config_file, _cleaned(overrides), preset=chosen_preset(preset))
+    if STATE.announce:
+        STATE.announce = False
+        print(f"settings: {settings_origin(preset)}, model {config.policy.model}", file=sys.stderr)
+    return config
+
+
+def settings_origin(preset: str = DEFAULT_PRESET) -> str:
+    """Where the settings come from, for a command's first line."""
+    if STATE.round_settings:
+        return (
+            f"those of {STATE.round_settings} ({STATE.config_file}; --preset or -c to use others)"
+        )
+    file = STATE.config_file or os.environ.get(CONFIG_FILE_ENV)
+    shown = f"preset {chosen_preset(preset)}" + (f" + file {file}" if file else "")
+    return f"{shown} (`codeq config --explain` shows every key)"
+
+
+# ------------------------------------------------------------------------------ local rounds
+
+_ROUND = re.compile(r"round-(\d+)")
+
+
+def round_settings_of(path: Path) -> tuple[Path, str] | None:
+    """The settings file of the local round that `path` lies in (its store folder
+    OUT/store/runs/RUN/round-N/..., or its scratch folder OUT/work/RUN/round-N/...), and
+    'round N of run RUN'; None outside a finished local round."""
+    from codeq.pipeline.local_round import SETTINGS_NAME
+
+    path = path.expanduser().resolve()
+    for folder in (path, *path.parents):
+        if not _ROUND.fullmatch(folder.name):
+            continue
+        run_dir = folder.parent
+        candidates = [folder / SETTINGS_NAME]
+        if run_dir.parent.name == "work":
+            store_round = run_dir.parent.parent / "store" / "runs" / run_dir.name / folder.name
+            candidates.append(store_round / SETTINGS_NAME)
+        for candidate in candidates:
+            if candidate.is_file():
+                return (
+                    candidate,
+                    f"round {folder.name.removeprefix('round-')} of run {run_dir.name}",
+                )
+    return None
+
+
+def use_round_settings(values: Iterable[Any]) -> None:
+    """A stage command given a path inside a finished local round (its tasks, adapter, ...)
+    runs with that round's settings, unless --config, --preset, CODEQ_CONFIG_FILE or
+    CODEQ_PRESET chooses others."""
+    if STATE.config_file or STATE.preset:
+        return
+    if os.environ.get(CONFIG_FILE_ENV) or os.environ.get(PRESET_ENV):
+        return
+    for value in values:
+        items = value if isinstance(value, list | tuple) else [value]
+        for item in items:
+            if not isinstance(item, Path | str) or not str(item) or "://" in str(item):
+                continue
+            if not Path(item).expanduser().exists():
+                continue
+            found = round_settings_of(Path(item))
+            if found is not None:
+                STATE.config_file, STATE.round_settings = found
+                return
 
 
 def explain_with(

@@ -68,9 +68,12 @@ def local_config(
 
 
 def check_inputs(config: CodeQConfig) -> None:
-    """A missing local model fails now, in one line, not after the round's first stages."""
+    """A missing or mistyped model or task source fails now, in one line, not after the
+    round's first stages."""
     from codeq.policy.source import check_model_source
+    from codeq.tasks.loaders import check_task_source
 
+    check_task_source(config.tasks.source)
     check_model_source(config.policy.model)
 
 
@@ -106,10 +109,12 @@ def command(
     """Run one whole round locally, starting from the policy promoted by the run's earlier
     rounds. Settings: the `laptop` preset unless --preset says otherwise; a --config file
     changes single keys of the preset."""
-    from codeq.pipeline.local_round import run_round
+    from codeq.pipeline.local_round import RoundProgress, run_round
     from codeq.pipeline.round_state import next_round
     from codeq.store import open_store
 
+    progress = RoundProgress()
+    common.STATE.progress = progress.describe
     out = out.expanduser().resolve()
     config = local_config(source, out, run, model, max_items, round_number or 0)
     check_inputs(config)
@@ -119,7 +124,7 @@ def command(
             update={"store": config.store.model_copy(update={"round": number})}
         )
     announce_settings(config)
-    summary = run_round(config, out, source=config.tasks.source, force=force)
+    summary = run_round(config, out, source=config.tasks.source, force=force, progress=progress)
     echo_round(summary)
 
 

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codeq.config import CodeQConfig
+from codeq.config import CodeQConfig, dump_config
 from codeq.config_layers import PRESETS_DIR
 from codeq.logs import log
 from codeq.pipeline.round_state import finished_rounds, next_round, require_previous_finished
@@ -15,6 +16,38 @@ from codeq.pipeline.stages import STAGE_FUNCTIONS, STAGES, StageContext
 from codeq.store import RoundLayout, join_key, open_store
 
 LOCAL_ROUND_PRESET = PRESETS_DIR / "laptop.yaml"
+# The effective settings of a finished local round, in its store folder: stage commands given
+# a path inside the round use them (codeq/commands/common.py), `codeq config --run` shows them.
+SETTINGS_NAME = "settings.yaml"
+
+
+@dataclass
+class RoundProgress:
+    """Where `codeq round(s)` is: what an interrupt reports as finished. Updated in place."""
+
+    rounds_done: list[int] = field(default_factory=list)  # rounds finished by this command
+    round: int | None = None  # the round running now
+    stage: str | None = None  # its stage running now
+    stages_done: list[str] = field(default_factory=list)  # its stages complete (run or kept)
+
+    def describe(self) -> str:
+        """E.g. 'round 0 finished; round 1 stopped in train (stage 4/7) after prepare,
+        collect, pairs finished'."""
+        parts = []
+        if self.rounds_done:
+            plural = "s" if len(self.rounds_done) > 1 else ""
+            parts.append(f"round{plural} {', '.join(map(str, self.rounds_done))} finished")
+        if self.round is not None and self.stage is not None:
+            index = STAGES.index(self.stage) + 1
+            done = (
+                f"after {', '.join(self.stages_done)} finished"
+                if self.stages_done
+                else "before any stage finished"
+            )
+            parts.append(
+                f"round {self.round} stopped in {self.stage} (stage {index}/{len(STAGES)}) {done}"
+            )
+        return "; ".join(parts) or "no stage had started"
 
 
 def run_round(
@@ -24,6 +57,7 @@ def run_round(
     source: str | None = None,
     engines: dict[str, Any] | None = None,
     force: bool = False,
+    progress: RoundProgress | None = None,
 ) -> dict[str, Any]:
     """Run prepare -> collect -> pairs -> train -> evaluate -> promote -> report of round
     `config.store.round` against `config.store` (stages already complete there are skipped);
@@ -32,12 +66,13 @@ def run_round(
     `engines` holds policies loaded by earlier rounds (lineage id -> engine; kept and extended
     here, so a promoted candidate is not loaded again as the next round's policy) and may name a
     stand-in policy for collect under "collect". `force` recomputes every stage, replacing
-    outputs made earlier (codeq/pipeline/fingerprint.py)."""
+    outputs made earlier (codeq/pipeline/fingerprint.py). `progress` is kept up to date."""
+    progress = progress if progress is not None else RoundProgress()
     store = open_store(config.store)
     context = StageContext(
         config=config,
         store=store,
-        scratch=out_dir / "work",
+        scratch=out_dir / "work" / config.store.run,  # runs never share scratch files
         engines=engines if engines is not None else {},
         force=force,
     )
@@ -45,13 +80,21 @@ def run_round(
     timings: dict[str, float] = {}
     results: dict[str, Any] = {}
     started = time.perf_counter()
+    progress.round, progress.stages_done = context.layout.round, []
     for index, stage in enumerate(STAGES, start=1):
         log(f"=== round {context.layout.round}, stage {index}/{len(STAGES)}: {stage} ===")
+        progress.stage = stage
         stage_started = time.perf_counter()
         arguments: dict[str, Any] = {"source": source} if stage == "prepare" else {}
         results[stage] = STAGE_FUNCTIONS[stage](context, **arguments)
         timings[stage] = round(time.perf_counter() - stage_started, 1)
+        progress.stages_done.append(stage)
         log(f"{stage} took {timings[stage]:.1f}s")
+    store.put_bytes(
+        join_key(context.layout.round_prefix, SETTINGS_NAME), settings_file(config).encode()
+    )
+    progress.rounds_done.append(context.layout.round)
+    progress.round = progress.stage = None
     report_key = join_key(context.layout.stage("report"), "index.html")
     report_path = _local_path(store, report_key)
     return {
@@ -64,27 +107,64 @@ def run_round(
     }
 
 
+@dataclass
+class RoundsOutcome:
+    """What `run_rounds` did, and why it stopped."""
+
+    summaries: list[dict[str, Any]]  # the rounds it ran, in order
+    finished: int  # the run's finished rounds now (0..finished-1)
+    without_promotion: int  # of those, the latest ones in a row that promoted nothing
+    patience: int  # promotion.patience
+    stopped_by_patience: bool  # it stopped before `rounds` because of promotion.patience
+
+
 def run_rounds(
-    config: CodeQConfig, out_dir: Path, rounds: int, *, source: str | None = None
-) -> list[dict[str, Any]]:
+    config: CodeQConfig,
+    out_dir: Path,
+    rounds: int,
+    *,
+    source: str | None = None,
+    progress: RoundProgress | None = None,
+) -> RoundsOutcome:
     """Run the run's next rounds until it has `rounds` finished rounds, or until the last
     `promotion.patience` rounds in a row promoted nothing. Rerunning resumes where it stopped."""
     store = open_store(config.store)
     run = config.store.run
     engines: dict[str, Any] = {}
     summaries: list[dict[str, Any]] = []
+    patience = config.promotion.patience
+    stopped = False
     while (number := next_round(store, run)) < rounds:
-        if _rounds_without_promotion(store, run) >= config.promotion.patience:
+        streak = _rounds_without_promotion(store, run)
+        if streak >= patience:
             log(
-                f"run {run}: the last {config.promotion.patience} round(s) promoted nothing; "
-                "stopping (promotion.patience)"
+                f"run {run}: the last {streak} round(s) in a row promoted nothing "
+                f"(promotion.patience = {patience}); stopping before round {number}"
             )
+            stopped = True
             break
         round_config = config.model_copy(
             update={"store": config.store.model_copy(update={"round": number})}
         )
-        summaries.append(run_round(round_config, out_dir, source=source, engines=engines))
-    return summaries
+        summaries.append(
+            run_round(round_config, out_dir, source=source, engines=engines, progress=progress)
+        )
+    return RoundsOutcome(
+        summaries=summaries,
+        finished=next_round(store, run),
+        without_promotion=_rounds_without_promotion(store, run),
+        patience=patience,
+        stopped_by_patience=stopped,
+    )
+
+
+def settings_file(config: CodeQConfig) -> str:
+    """The round's effective settings as a config file (every key)."""
+    return (
+        f"# The settings round {config.store.round} of run {config.store.run} finished with "
+        "(written by `codeq round`). A stage command\n# given a path inside this round uses "
+        "them unless --preset or -c says otherwise.\n" + dump_config(config)
+    )
 
 
 def _rounds_without_promotion(store: Any, run: str) -> int:

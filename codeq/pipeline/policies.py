@@ -129,9 +129,9 @@ def load_policy(ctx: StageContext, policy: Lineage) -> Any:
     """A generation engine for `policy`, loaded once per lineage and shared by the stages of a
     local round."""
     if policy.id not in ctx.engines:
-        from codeq.policy import PolicyEngine
+        from codeq.policy import load_policy as load_backend
 
         config = policy_config(ctx, policy)
         log(f"loading the policy {policy.describe()}")
-        ctx.engines[policy.id] = PolicyEngine.load(config.policy, seed=config.tasks.seed)
+        ctx.engines[policy.id] = load_backend(config.policy, seed=config.tasks.seed)
     return ctx.engines[policy.id]

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from codeq.errors import ModelLoadError
+from codeq.locations import Typo, closest_path, typo_of
 from codeq.policy.gguf import SMOLLM2_ALIAS, materialize_gguf, smollm2_gguf_path
 
 log = logging.getLogger(__name__)
@@ -16,30 +16,23 @@ MODEL_HINT = (
     "policy.model (--model) takes a model folder (config.json + weights), a .gguf file, "
     "'smollm2', or a Hugging Face id such as Qwen/Qwen2.5-Coder-7B-Instruct"
 )
-# huggingface_hub's repo id rule: [namespace/]name, word characters, '-' and '.'.
-_HF_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]{1,96}")
-
-
-def looks_like_hf_id(model: str) -> bool:
-    return (
-        bool(_HF_ID.fullmatch(model))
-        and not model.startswith((".", "-"))
-        and ".." not in model
-        and "--" not in model
-    )
 
 
 def check_model_source(model: str) -> None:
     """Raise ModelLoadError now if `model` names a local model that is not there (a missing
-    folder or .gguf file, a folder without config.json, the SmolLM2 package missing), without
-    loading anything; Hugging Face ids pass (they are checked when they are downloaded)."""
+    folder or .gguf file, a folder without config.json, the SmolLM2 package missing) or is a
+    typo (a near miss of 'smollm2', a path no hub id is spelt like), without loading anything;
+    other Hugging Face ids pass (they are checked when they are downloaded)."""
     if model == SMOLLM2_ALIAS:
         smollm2_gguf_path()
         return
     path = Path(model).expanduser()
     if model.endswith(".gguf"):
         if not path.is_file():
-            raise ModelLoadError(f"model file {model} does not exist", hint=MODEL_HINT)
+            raise ModelLoadError(
+                f"model file {model} does not exist",
+                hint=f"{Typo('path', closest_path(model)).did_you_mean()}{MODEL_HINT}",
+            )
         return
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -49,8 +42,13 @@ def check_model_source(model: str) -> None:
         raise ModelLoadError(
             f"{model} is a file, not a model folder or .gguf file", hint=MODEL_HINT
         )
-    if not looks_like_hf_id(model):
-        raise ModelLoadError(f"model path {model} does not exist", hint=MODEL_HINT)
+    typo = typo_of(model, [SMOLLM2_ALIAS])
+    if typo is None:
+        return
+    message = f"model path {model} does not exist"
+    if typo.kind == "alias":
+        message = f"unknown model {model!r}: no such folder or file, and not '{SMOLLM2_ALIAS}'"
+    raise ModelLoadError(message, hint=f"{typo.did_you_mean()}{MODEL_HINT}")
 
 
 def resolve_model_source(model: str, cache_dir: str) -> str:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from codeq.errors import DatasetError, TransientError
+from codeq.locations import local_suggestion, typo_of
 
 SUBTYPE_CATEGORY = {
     "missing colons": "syntax",
@@ -41,7 +44,8 @@ _HF_CATEGORY = {
 }
 LEVELS = {"easy", "medium", "hard"}
 BUILTIN_PATH = Path(__file__).resolve().parent.parent / "data" / "builtin_tasks.json"
-_HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+BUILTIN = "builtin"
+SOURCE_HINT = "pass a DebugBench clone folder, a Hugging Face dataset id, or 'builtin'"
 
 
 @dataclass(frozen=True)
@@ -195,14 +199,12 @@ def _hf_rows(source: str) -> Iterable[dict[str, Any]]:
             builder = "parquet" if path.suffix == ".parquet" else "json"
             loaded = datasets.load_dataset(builder, data_files=str(path))
         else:
+            check_hub_dataset(source)
             loaded = datasets.load_dataset(source)
+    except (DatasetError, TransientError):
+        raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
-        # a mistyped local folder ("data/debugbench") also ends up here, read as a hub id
-        read_as_id = (
-            f"there is no local folder {source!r}, so it was read as a Hugging Face dataset id; "
-            if not path.exists()
-            else ""
-        )
+        read_as_id = _read_as_id(source)
         if _is_network_failure(exc):
             raise TransientError(
                 f"cannot reach the Hugging Face hub for {source!r}: {type(exc).__name__}",
@@ -220,12 +222,68 @@ def _hf_rows(source: str) -> Iterable[dict[str, Any]]:
         yield from split
 
 
+def _read_as_id(source: str) -> str:
+    # a mistyped local folder ("data/debugbench") also ends up on the hub, read as an id
+    if Path(source).exists():
+        return ""
+    return f"there is no local folder {source!r}, so it was read as a Hugging Face dataset id; "
+
+
+def check_hub_dataset(source: str) -> None:
+    """Ask the hub once (no retries) whether dataset `source` exists, so a mistyped id or local
+    folder is one line at once: no such dataset is bad input (exit 2); an unreachable hub is
+    transient (exit 75) unless a local folder close to it exists (then it was a mistyped path)
+    or the hub's cache holds the dataset (then `datasets` reads the cache)."""
+    if _offline():
+        return
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    nearby = local_suggestion(source)
+    did_you_mean = f"did you mean {nearby}? " if nearby else ""
+    try:
+        HfApi().dataset_info(source, timeout=10)
+    except RepositoryNotFoundError:
+        raise DatasetError(
+            f"task source {source!r} is neither a local folder nor a Hugging Face dataset",
+            hint=f"{did_you_mean}{SOURCE_HINT} (a private dataset needs `hf auth login`)",
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - anything else is for `datasets` to report
+        if not _is_network_failure(exc) or _hub_cached(source):
+            return
+        if nearby:
+            raise DatasetError(
+                f"task source {source!r} is no local folder, and the Hugging Face hub cannot be "
+                "reached to look it up as a dataset id",
+                hint=f"{did_you_mean}{SOURCE_HINT}",
+            ) from None
+        raise TransientError(
+            f"cannot reach the Hugging Face hub for {source!r}: {type(exc).__name__}",
+            hint=f"{_read_as_id(source)}retry later, or pass a local DebugBench clone",
+        ) from None
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def _hub_cached(source: str) -> bool:
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"datasets--{source.replace('/', '--')}").is_dir()
+
+
 def _is_network_failure(exc: BaseException) -> bool:
     chain: BaseException | None = exc
     while chain is not None:
+        name = type(chain).__name__
         if (
-            isinstance(chain, ConnectionError | TimeoutError)
-            or "Connection" in type(chain).__name__
+            isinstance(chain, ConnectionError | TimeoutError | socket.gaierror)
+            or "Connect" in name
+            or "Timeout" in name
         ):
             return True
         chain = chain.__cause__ or chain.__context__
@@ -265,21 +323,38 @@ def _looks_like_hf_folder(path: Path) -> bool:
 
 def load_source(source: str) -> list[RawItem]:
     """Every Python 3 item of a source: 'builtin', a DebugBench folder, or a HF dataset."""
-    if source == "builtin":
+    check_task_source(source)
+    if source == BUILTIN:
         return load_builtin()
     path = Path(source).expanduser()
     if path.is_dir():
         return load_hf(str(path)) if _looks_like_hf_folder(path) else load_local(path)
     if path.is_file():
-        if path.suffix in {".json", ".jsonl", ".parquet"}:
-            return load_hf(str(path))
-        raise DatasetError(f"{path} is not a DebugBench folder or dataset file")
-    if _HF_ID_RE.match(source) and not source.startswith((".", "/", "~")):
-        return load_hf(source)
-    raise DatasetError(
-        f"task source {source!r} does not exist",
-        hint="pass a DebugBench clone folder, a Hugging Face dataset id, or 'builtin'",
-    )
+        return load_hf(str(path))
+    return load_hf(source)
+
+
+def check_task_source(source: str) -> None:
+    """Raise DatasetError now, without reading anything, for a source that is no folder, no
+    dataset file, not 'builtin' and not spelt like a hub dataset id (namespace/name), or that
+    is a near miss of 'builtin' or of an existing path, with a did-you-mean."""
+    if source == BUILTIN:
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return
+    if path.is_file():
+        if path.suffix not in {".json", ".jsonl", ".parquet"}:
+            raise DatasetError(f"{path} is not a DebugBench folder or dataset file")
+        return
+    typo = typo_of(source, [BUILTIN], namespace_required=True)
+    if typo is not None:
+        raise DatasetError(
+            f"task source {source!r} does not exist"
+            if typo.kind == "path"
+            else f"unknown task source {source!r}: no such folder, and not 'builtin'",
+            hint=f"{typo.did_you_mean()}{SOURCE_HINT}",
+        )
 
 
 def deduplicate(items: Iterable[RawItem]) -> tuple[list[RawItem], int]:

@@ -107,10 +107,22 @@ def link_of(adapter_dir: str | Path, round_number: int, source: str) -> AdapterL
     return AdapterLink(round=round_number, sha256=adapter_sha256(adapter_dir), source=source)
 
 
+MERGED_DIR = "merged"
+
+
+def merged_key(lineage: Lineage) -> str:
+    """What a merged folder holds: the base's fingerprint and each adapter's sha256, in order.
+    Not the lineage id, which also names the run and round that trained each adapter: runs that
+    train the same adapter (the same seeded round again under a new --run) share one folder."""
+    weights = [lineage.base_sha256, *(link.sha256 for link in lineage.adapters)]
+    return hashlib.sha256("\n".join(weights).encode()).hexdigest()[:16]
+
+
 def materialize(lineage: Lineage, adapter_dirs: Sequence[Path], policy: PolicyConfig) -> str:
     """A model folder (or id) that loads as `lineage`: the base itself when no adapter is
-    merged, otherwise `cache_dir/merged/<lineage id>-<dtype>/`, built once by merging the adapters
-    (`adapter_dirs`, in chain order, each checked against its recorded sha256) into the base."""
+    merged, otherwise `cache_dir/merged/<merged key>-<dtype>/`, built once by merging the
+    adapters (`adapter_dirs`, in chain order, each checked against its recorded sha256) into the
+    base, and shared by every run and round whose policy has the same weights."""
     if len(adapter_dirs) != len(lineage.adapters):
         raise ValueError("materialize needs one adapter folder per adapter of the lineage")
     base = resolve_model_source(lineage.base_model, policy.cache_dir)
@@ -120,8 +132,10 @@ def materialize(lineage: Lineage, adapter_dirs: Sequence[Path], policy: PolicyCo
 
     save_dtype = resolve_dtype(policy, resolve_device(policy))
     dtype_name = str(save_dtype).removeprefix("torch.")
-    target = Path(policy.cache_dir).expanduser() / "merged" / f"{lineage.id}-{dtype_name}"
+    merged = Path(policy.cache_dir).expanduser() / MERGED_DIR
+    target = merged / f"{merged_key(lineage)}-{dtype_name}"
     if _holds(target, lineage):
+        log.info("merged policy %s: reusing %s (%s)", lineage.id, target, _size(target))
         return str(target)
     for link, folder in zip(lineage.adapters, adapter_dirs, strict=True):
         if adapter_sha256(folder) != link.sha256:
@@ -131,11 +145,38 @@ def materialize(lineage: Lineage, adapter_dirs: Sequence[Path], policy: PolicyCo
             )
     merge_adapters(base, adapter_dirs, target, save_dtype)
     (target / LINEAGE_FILE).write_text(lineage.model_dump_json(indent=1))
+    log.info(
+        "merged policy %s: %s in %s; merged policies here take %s in all (`codeq cache` lists "
+        "them, `codeq cache --clear` removes them)",
+        lineage.id,
+        _size(target),
+        target,
+        _size(merged),
+    )
     return str(target)
 
 
 def _holds(folder: Path, lineage: Lineage) -> bool:
+    """Whether `folder` is a finished merge of `lineage`'s weights (its LINEAGE.json, written
+    last, names the lineage that built it)."""
     try:
-        return Lineage.model_validate_json((folder / LINEAGE_FILE).read_text()) == lineage
+        built = Lineage.model_validate_json((folder / LINEAGE_FILE).read_text())
     except (OSError, ValueError):
         return False
+    return merged_key(built) == merged_key(lineage)
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def _size(folder: Path) -> str:
+    return human_size(folder_bytes(folder))
+
+
+def human_size(size: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit in {"B", "kB"} else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
