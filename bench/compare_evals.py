@@ -7,6 +7,8 @@ gained and lost against the second, and the exact one-sided McNemar p that the f
     # MCTS at b rollouts (first) against best-of-(K*b) (second), the most programs b rollouts of
     # K rewrites each can write
     python bench/compare_evals.py mcts/results.json bon/results.json --mcts-vs-bon 2
+    # any two named figures: the first's MCTS at 8 rollouts against the second's zero_shot
+    python bench/compare_evals.py mcts/results.json base/results.json --pair mcts@8 zero_shot
 
 Results on different tasks (or a different split) are refused: a paired test needs the same
 tasks in the same conditions.
@@ -76,6 +78,13 @@ def compare(
     if pairs is None:
         pairs = [(name, name) for name in mine if name in theirs]
     for name, other in pairs:
+        for wanted, held, which in ((name, mine, "first"), (other, theirs, "second")):
+            if wanted not in held:
+                raise SystemExit(
+                    f"error: the {which} results have no figure {wanted!r}; hint: it has "
+                    + ", ".join(held)
+                )
+    for name, other in pairs:
         a, b = mine[name]["per_task"], theirs[other]["per_task"]
         gained = sum(bool(a[task]) and not b[task] for task in a)
         lost = sum(bool(b[task]) and not a[task] for task in a)
@@ -106,9 +115,19 @@ def main() -> None:
         help="pair the first's MCTS at b rollouts with the second's best-of-(K*b), K being "
         "search.rewrites_per_expansion",
     )
+    parser.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        metavar=("FIRST", "SECOND"),
+        help="pair the first's figure FIRST with the second's SECOND (e.g. mcts@8 zero_shot); "
+        "repeat for more rows",
+    )
     args = parser.parse_args()
     first, second = load(args.first), load(args.second)
     pairs = None if args.mcts_vs_bon is None else mcts_against_bon(first, second, args.mcts_vs_bon)
+    if args.pair:
+        pairs = (pairs or []) + [tuple(pair) for pair in args.pair]
     rows = compare(first, second, pairs)
     if not rows:
         hint = "the first needs MCTS budgets b and the second best-of-(K*b)"

@@ -266,3 +266,299 @@ def test_report_stage_renders_verdict_names_diffs_times_and_fingerprints(tmp_pat
     assert store.get_verified_file(LAYOUT.stage("report"), "index.html", html)
     page = html.read_text()
     assert 'id="stages"' in page and 'id="promotion"' in page and "x + 1  # t1" in page
+
+
+# ------------------------------------------------------- what to do next, warnings, the curve
+
+
+def decision(
+    validation: dict[str, tuple[bool, bool]],
+    level: float = 0.05,
+    round_number: int = 0,
+    policies: tuple | None = None,
+):
+    """A real promotion decision: validation task -> (candidate solved, incumbent solved);
+    policies: (candidate, incumbent) lineages, by default round N's adapter on the base."""
+    from test_rerun import POLICY
+
+    from codeq.config import PromotionConfig
+    from codeq.evaluate.results import EvalResults
+    from codeq.promotion import decide
+    from codeq.schemas import AdapterLink
+
+    candidate, incumbent = policies or (
+        POLICY.extended(AdapterLink(round=round_number, sha256="b" * 64, source="x")),
+        POLICY,
+    )
+    results = {
+        role: EvalResults.model_validate(
+            eval_results("validation", {t: pair[index] for t, pair in validation.items()}, policy)
+        )
+        for index, (role, policy) in enumerate((("candidate", candidate), ("incumbent", incumbent)))
+    }
+    # these results hold full_rewrite only: no guard mode (where the config has the key)
+    unguarded = {"guard_modes": []} if "guard_modes" in PromotionConfig.model_fields else {}
+    config = PromotionConfig(modes=["full_rewrite"], level=level, **unguarded)
+    return decide(round_number, results["candidate"], results["incumbent"], config)
+
+
+def next_steps(tmp_path, made, **inputs) -> str:
+    render_report(tmp_path / "r", decision=made, pair_stats=PAIR_STATS, **inputs)
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "## What to do next" in markdown
+    return markdown.split("## What to do next")[1]
+
+
+def test_a_validation_too_small_to_promote_says_so_and_what_to_try(tmp_path) -> None:
+    # the demo: 4 builtin validation tasks, the candidate answers as the incumbent (p = 1)
+    made = decision({f"v{i}": (False, False) for i in range(4)})
+    assert not made.promote
+    text = next_steps(tmp_path, made)
+    assert "no candidate could have been" in text
+    assert "the incumbent fails 4 of the 4 validation tasks" in text and "p = 0.0625" in text
+    assert "at least 5 tasks going the candidate's way and none the other" in text
+    assert "Rtian/DebugBench" in text and "Qwen2.5-Coder-0.5B" in text
+
+
+def test_a_gain_too_small_for_the_validation_says_how_many_gains_it_needed(tmp_path) -> None:
+    # the second curve's round 0: +8 / -2 of 143, p = 0.055
+    validation = {f"g{i}": (True, False) for i in range(8)}
+    validation.update({f"l{i}": (False, True) for i in range(2)})
+    validation.update({f"s{i}": (False, False) for i in range(133)})
+    text = next_steps(tmp_path, decision(validation))
+    assert "cannot tell a gain this small from chance" in text
+    assert "+8 / -2 of 143 validation tasks" in text and "p = 0.0547" in text
+    assert "with 10 tasks changed, 9 of them would have to be gains" in text
+    assert "starts from the incumbent again" in text
+
+
+def test_a_promotion_says_the_next_round_samples_from_it(tmp_path) -> None:
+    made = decision({f"v{i}": (True, False) for i in range(5)})
+    assert made.promote
+    adapter = results("smollm2", {"a": True, "b": True, "c": False}, "round-0/adapter")
+    base = results("smollm2", {"a": True, "b": False, "c": False}, None)
+    for data in (adapter, base):
+        data["primary_mode"] = "full_rewrite"
+        data["modes"]["full_rewrite"] = data["modes"]["mcts"]
+    text = next_steps(tmp_path, made, results=adapter, base_results=base)
+    assert "Promoted: round 0's candidate is now the run's policy" in text
+    assert "next round samples its trajectories from it" in text
+    assert "it solves 2 of 3 in full_rewrite against the incumbent's 1 (+1 / -0)" in text
+
+
+def test_no_adapter_trained_says_there_was_nothing_to_promote(tmp_path) -> None:
+    from codeq.config import PromotionConfig
+    from codeq.promotion import decide
+
+    made = decide(2, None, None, PromotionConfig(modes=["full_rewrite"]))
+    render_report(
+        tmp_path / "r",
+        decision=made,
+        train_metrics={"trained": False, "reason": "no preference pairs"},
+        pair_stats={**PAIR_STATS, "pairs": 0},
+    )
+    text = (tmp_path / "r" / "report.md").read_text().split("## What to do next")[1]
+    assert "no adapter was trained in round 2 (no preference pairs)" in text
+
+
+def test_each_warning_says_whether_it_matters_for_this_run(tmp_path) -> None:
+    no_held_out = {
+        **TRAIN_METRICS,
+        "pairs": {"total": 10, "train": 8, "held_out": 0, "dropped_over_max_length": 2},
+        "heldout_reward_accuracy": None,
+        "heldout_reward_accuracy_final": None,
+        "best_step": None,
+        "eval": [],
+    }
+    blended = {**PAIR_STATS, "critique_auc": 0.0, "config": {"alpha": 0.5}}
+    index = render_report(tmp_path / "r", train_metrics=no_held_out, pair_stats=blended)
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    warnings = markdown.split("## Warnings, and whether they matter here")[1]
+    assert "critique AUC 0.00 (0.5 is chance) blended at pairs.alpha=0.5" in warnings
+    assert "It matters for this run" in warnings and "Set pairs.alpha=1.0" in warnings
+    assert "2 of 10 pairs longer than train.max_length were dropped" in warnings
+    assert "20% of the pairs did not train" in warnings
+    assert "no held-out pairs" in warnings and "It does not change the promotion" in warnings
+    # the held-out step is named only when there was one
+    assert "step None" not in markdown and "at step None" not in index.read_text()
+    assert "held-out reward accuracy: no held-out pairs" in markdown
+    assert "no held-out pairs" in index.read_text()
+
+    # the same critique, no pairs built: the warning does not matter here
+    render_report(tmp_path / "s", pair_stats={**blended, "pairs": 0})
+    again = (tmp_path / "s" / "report.md").read_text()
+    assert "It does not matter for this run: no pairs were built." in again
+    # test rewards alone (alpha 1): the critique is not used, no warning
+    render_report(tmp_path / "t", pair_stats={**blended, "config": {"alpha": 1.0}})
+    assert "## Warnings" not in (tmp_path / "t" / "report.md").read_text()
+
+
+def test_the_advice_uses_the_promotion_test_and_the_pairs_threshold() -> None:
+    from codeq.pairs import CRITIQUE_SIGNAL_AUC
+    from codeq.promotion import one_sided_mcnemar
+    from codeq.report import advice
+
+    assert advice.CRITIQUE_SIGNAL_AUC == CRITIQUE_SIGNAL_AUC
+    for gained in range(12):
+        for lost in range(12):
+            assert advice.exact_p(gained, lost) == one_sided_mcnemar(gained, lost)
+    assert advice.fewest_gains(0.05) == 5 and advice.gains_needed(10, 0.05) == 9
+
+
+def test_plots_name_the_tests_programs_are_scored_on(tmp_path, monkeypatch) -> None:
+    import matplotlib.axes
+
+    labels: list[str] = []
+    original = matplotlib.axes.Axes.set_ylabel
+
+    def record(self, label, *args, **kwargs):
+        labels.append(label)
+        return original(self, label, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel", record)
+    adapter = results("smollm2", {"a": True, "b": True, "c": False}, "round-0/adapter")
+    base = results("smollm2", {"a": True, "b": False, "c": False}, None)
+    rate = {"n": 3, "solved": 1, "solve_rate": 1 / 3, "ci_low": 0.06, "ci_high": 0.79}
+    curve = [
+        {"label": "before round 0", "promoted": None, "validation": None, "modes": {"m": rate}},
+        {"label": "round 0", "promoted": True, "validation": None, "modes": {"m": rate}},
+        {"label": "round 1", "promoted": False, "validation": None, "modes": {"m": rate}},
+    ]
+    render_report(tmp_path / "r", results=adapter, base_results=base, learning_curve=curve)
+    assert len(labels) == 5  # mode, category, level, rollout ablation, learning curve
+    assert all("visible + hidden tests" in label for label in labels), labels
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "scored on visible and hidden tests" in markdown
+
+
+def test_the_learning_curve_marks_kept_out_candidates_hollow() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from codeq.report.plots import draw_learning_curve
+
+    rate = {"n": 60, "solved": 6, "solve_rate": 0.1, "ci_low": 0.05, "ci_high": 0.2}
+    points = [
+        {"label": "base", "promoted": None, "validation": None, "modes": {"m": rate}},
+        {
+            "label": "round 0",
+            "promoted": False,
+            "validation": {"gained": 8, "lost": 2, "p_better": 0.0546875},
+            "modes": {"m": rate},
+        },
+        {
+            "label": "round 1",
+            "promoted": True,
+            "validation": {"gained": 16, "lost": 5, "p_better": 0.0133},
+            "modes": {"m": rate},
+        },
+    ]
+    fig, ax = plt.subplots()
+    draw_learning_curve(ax, points, "t")
+    ticks = [label.get_text() for label in ax.get_xticklabels()]
+    assert ticks == [
+        "base\nstart",
+        "round 0\nkept out\nval. +8/-2, p=0.055",
+        "round 1\npromoted\nval. +16/-5, p=0.013",
+    ]
+    faces = [
+        line.get_markerfacecolor()
+        for line in ax.get_lines()
+        if line.get_marker() == "o" and len(line.get_xdata()) == 1
+    ]
+    assert faces.count("white") == 1 and len(faces) == 3
+    chain = [line for line in ax.get_lines() if len(line.get_xdata()) == 2]
+    assert len(chain) == 1  # the line joins the start and the promoted round, not the kept out
+    plt.close(fig)
+
+
+def test_the_report_stage_draws_every_round_of_the_run(tmp_path) -> None:
+    """Round 1's report: the run's start, round 0's promoted candidate and round 1's kept-out
+    one, read from the store's earlier round and this one."""
+    from test_rerun import POLICY
+
+    from codeq.config import StoreConfig, load_config
+    from codeq.pipeline.stages import StageContext, report_stage
+    from codeq.schemas import AdapterLink
+    from codeq.store import RoundLayout, open_store
+
+    store = open_store(StoreConfig(uri=f"file://{tmp_path / 'store'}"))
+    first = POLICY.extended(AdapterLink(round=0, sha256="b" * 64, source="r0"))
+    second = first.extended(AdapterLink(round=1, sha256="c" * 64, source="r1"))
+    rounds = [  # incumbent, candidate, validation per task (candidate, incumbent), test solved
+        (POLICY, first, {"v1": (True, False), "v2": (True, True)}, ({"t1": True}, {"t1": False})),
+        (first, second, {"v1": (True, True), "v2": (True, True)}, ({"t1": False}, {"t1": True})),
+    ]
+    for number, (incumbent, candidate, validation, (test_new, test_old)) in enumerate(rounds):
+        layout, folder = RoundLayout("default", number), tmp_path / f"round-{number}"
+        for role, policy, index, test in (
+            ("candidate", candidate, 0, test_new),
+            ("incumbent", incumbent, 1, test_old),
+        ):
+            solved = {task: pair[index] for task, pair in validation.items()}
+            write_json(
+                folder / "eval" / role / "validation" / "results.json",
+                eval_results("validation", solved, policy),
+            )
+            write_json(
+                folder / "eval" / role / "test" / "results.json", eval_results("test", test, policy)
+            )
+        made = decision(validation, 0.6, number, (candidate, incumbent))
+        write_json(folder / "promote" / "decision.json", made.model_dump(mode="json"))
+        write_json(folder / "pairs" / "stats.json", PAIR_STATS)
+        write_json(folder / "adapter" / "metrics.json", TRAIN_METRICS)
+        for stage in ("eval", "promote", "pairs", "adapter"):
+            store.put_dir(layout.stage(stage), folder / stage)
+            store.mark_complete(layout.stage(stage), {})
+    config = load_config(overrides={"store": {"uri": store.uri, "round": 1}})
+    report_stage(StageContext(config=config, store=store, scratch=tmp_path / "scratch"))
+
+    target = tmp_path / "out" / "report.json"
+    assert store.get_verified_file(RoundLayout("default", 1).stage("report"), "report.json", target)
+    curve = json.loads(target.read_text())["learning_curve"]
+    assert [(p["label"], p["promoted"]) for p in curve] == [
+        ("before round 0", None),
+        ("round 0", True),
+        ("round 1", False),
+    ]
+    assert [p["modes"]["full_rewrite"]["solved"] for p in curve] == [0, 1, 0]
+    assert curve[1]["validation"] == {"gained": 1, "lost": 0, "p_better": 0.5}
+    markdown = tmp_path / "out" / "report.md"
+    assert store.get_verified_file(RoundLayout("default", 1).stage("report"), "report.md", markdown)
+    assert "| round 1 | kept out (+0 / -0, p = 1.0000) | 0/1, 0.0%" in markdown.read_text()
+    html = tmp_path / "out" / "index.html"
+    assert store.get_verified_file(RoundLayout("default", 1).stage("report"), "index.html", html)
+    assert 'alt="Learning curve across rounds"' in html.read_text()
+
+
+def test_a_sign_flip_decision_is_explained_by_its_pass_counts() -> None:
+    """With promotion.samples the gate compares pass counts: the advice counts tasks where the
+    candidate passes more answers, and does not quote McNemar's arithmetic."""
+    from codeq.report.advice import what_next
+
+    gate = {
+        "mode": "full_rewrite",
+        "tasks": 143,
+        "candidate_solved": 30,
+        "incumbent_solved": 28,
+        "gained": ["a", "b", "c"],
+        "lost": ["d"],
+        "p_better": 0.21,
+        "p_worse": 0.84,
+        "test": "sign_flip",
+        "pass_counts": {
+            "samples": 8,
+            "answers": 1287,
+            "candidate_passes": 300,
+            "incumbent_passes": 280,
+            "tasks_better": 12,
+            "tasks_worse": 8,
+        },
+    }
+    promotion = {"round": 1, "promote": False, "level": 0.05, "samples": 8, "comparisons": [gate]}
+    (text,) = what_next({"promotion": promotion})
+    assert "cannot tell a gain this small from chance" in text
+    assert "with 8 sampled answers per task, more passes on 12 tasks and fewer on 8" in text
+    assert "would have to be gains" not in text and "promotion.samples" not in text

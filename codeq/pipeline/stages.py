@@ -466,8 +466,9 @@ EVAL_ROLES = ("candidate", "incumbent")
 def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     """Evaluate the round's candidate (the incumbent with the new adapter merged) and the
     incumbent (the run's current policy, scored again every round; the trees an earlier round
-    searched for it are reused) on the same tasks: the validation split in promotion.modes
-    (promotion decides there) and the test split in evaluate.modes (reported only). Writes
+    searched for it are reused) on the same tasks: the validation split in promotion.modes and
+    promotion.guard_modes, with promotion.samples sampled answers per task in the first mode
+    (promotion decides there), and the test split in evaluate.modes (reported only). Writes
     eval/<role>/<split>/results.json."""
     prefix = ctx.layout.stage("eval")
     inputs = _policy_inputs(
@@ -549,15 +550,18 @@ def _evaluate(
     from codeq.evaluate import evaluate
 
     config = ctx.config
-    if split == "validation":
+    samples: dict[str, int] = {}
+    if split == "validation":  # promotion's modes, its guard modes, its sampled answers
         promotion = config.promotion
+        modes = list(dict.fromkeys([*promotion.modes, *promotion.guard_modes]))
         config = config.model_copy(
             update={
                 "evaluate": config.evaluate.model_copy(
-                    update={"modes": list(promotion.modes), "max_tasks": promotion.max_tasks}
+                    update={"modes": modes, "max_tasks": promotion.max_tasks}
                 )
             }
         )
+        samples = {promotion.modes[0]: promotion.samples}
     return evaluate(
         tasks_dir,
         out_dir,
@@ -565,6 +569,7 @@ def _evaluate(
         split=split,
         engine=load_policy(ctx, policy),
         policy=policy,  # type: ignore[arg-type]
+        samples=samples,
     )
 
 
@@ -604,39 +609,61 @@ def _optional_results(folder: Path) -> EvalResults | None:
 # ------------------------------------------------------------------------------ report
 
 
-def learning_curve(
-    ctx: StageContext, incumbent: Path | None, promoted: Path | None
-) -> list[dict[str, Any]]:
-    """The test-split results of the policy each round of the run started from (its
-    incumbent), then this round's promoted candidate: one point per policy, in order."""
-    paths: list[tuple[str, Path]] = []
+CURVE_FILES = (
+    ("eval", "incumbent/test/results.json"),
+    ("eval", "candidate/test/results.json"),
+    ("promote", "decision.json"),
+)
+
+
+def learning_curve(ctx: StageContext, found: dict[str, Path]) -> list[dict[str, Any]]:
+    """The run so far on the test split: the policy its first round started from, then each
+    round's candidate, marked promoted or kept out by validation (a round that trained none
+    has no point). Earlier rounds' files come from the store; `found` holds this round's."""
+    history: list[tuple[int, dict[str, Path]]] = []
     for number in range(ctx.layout.round):
-        prefix = ctx.layout.of_round(number).stage("eval")
-        target = ctx.workdir(f"report-in/history/round-{number}") / "results.json"
-        if ctx.store.is_complete(prefix) and ctx.store.get_verified_file(
-            prefix, "incumbent/test/results.json", target
-        ):
-            paths.append((f"round {number}", target))
-    if incumbent is not None:
-        paths.append((f"round {ctx.layout.round}", incumbent))
-    if promoted is not None:
-        paths.append((f"after round {ctx.layout.round}", promoted))
-    points = []
-    for label, path in paths:
-        results = EvalResults.load(path)
-        points.append(
-            {
-                "label": label,
-                "policy": results.policy.id if results.policy else None,
-                "modes": {
-                    mode: Rate.model_validate(
-                        stats.model_dump(include=set(Rate.model_fields))
-                    ).model_dump()
-                    for mode, stats in results.modes.items()
-                },
-            }
-        )
+        layout, files = ctx.layout.of_round(number), {}
+        for stage, name in CURVE_FILES:
+            prefix = layout.stage(stage)
+            target = ctx.workdir(f"report-in/history/round-{number}/{stage}") / name
+            if ctx.store.is_complete(prefix) and ctx.store.get_verified_file(prefix, name, target):
+                files[f"{stage}/{name}"] = target
+        history.append((number, files))
+    history.append((ctx.layout.round, found))
+    points: list[dict[str, Any]] = []
+    for number, files in history:
+        start = files.get("eval/incumbent/test/results.json")
+        if not points and start is not None:
+            points.append(_curve_point(f"before round {number}", start, None))
+        candidate = files.get("eval/candidate/test/results.json")
+        decision_file = files.get("promote/decision.json")
+        if candidate is not None and decision_file is not None:
+            decision = json.loads(decision_file.read_text())
+            points.append(_curve_point(f"round {number}", candidate, decision))
     return points
+
+
+def _curve_point(label: str, path: Path, decision: dict[str, Any] | None) -> dict[str, Any]:
+    """One policy's test-split rates; for a candidate, whether validation promoted it and the
+    gate mode's gained / lost tasks and p."""
+    results = EvalResults.load(path)
+    gate = (decision or {}).get("comparisons") or [None]
+    return {
+        "label": label,
+        "policy": results.policy.id if results.policy else None,
+        "promoted": None if decision is None else bool(decision["promote"]),
+        "validation": None
+        if gate[0] is None
+        else {
+            "gained": len(gate[0]["gained"]),
+            "lost": len(gate[0]["lost"]),
+            "p_better": gate[0]["p_better"],
+        },
+        "modes": {
+            mode: Rate.model_validate(stats.model_dump(include=set(Rate.model_fields))).model_dump()
+            for mode, stats in results.modes.items()
+        },
+    }
 
 
 def report_stage(ctx: StageContext) -> dict[str, Any]:
@@ -666,11 +693,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     from codeq.report import render_report
 
     decision = PromotionDecision.model_validate_json(found["promote/decision.json"].read_text())
-    curve = learning_curve(
-        ctx,
-        found.get("eval/incumbent/test/results.json"),
-        found.get("eval/candidate/test/results.json") if decision.promote else None,
-    )
+    curve = learning_curve(ctx, found)
     out_dir = ctx.workdir("report")
     examples = _example_fixes(ctx, inputs, "candidate" if decision.candidate else "incumbent")
     log("report: rendering report.json, report.md and index.html")

@@ -7,16 +7,24 @@ import io
 from typing import Any
 
 PALETTE = {"base": "#8c8c8c", "adapter": "#1f77b4"}
+# What every solve rate here is: the returned program scored on the task's visible and hidden
+# tests (codeq.evaluate.results.SCORED_ON), the search having seen the visible ones only.
+SOLVE_RATE_LABEL = "solve rate (visible + hidden tests)"
 
 
-def _figure_png(fig: Any) -> str:
+def _figure_bytes(fig: Any) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=110)
+    # no "Software" entry: the same data gives the same file whatever matplotlib wrote it
+    fig.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
     plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    return buffer.getvalue()
+
+
+def _figure_png(fig: Any) -> str:
+    return base64.b64encode(_figure_bytes(fig)).decode("ascii")
 
 
 def _new_axes(width: float = 7.0, height: float = 3.6) -> tuple[Any, Any]:
@@ -59,7 +67,7 @@ def solve_rate_bars(groups: dict[str, dict[str, dict[str, Any]]], title: str) ->
         labels, rotation=20 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center"
     )
     ax.set_ylim(0, 1)
-    ax.set_ylabel("solve rate (hidden tests)")
+    ax.set_ylabel(SOLVE_RATE_LABEL)
     ax.set_title(f"{title} (95% Wilson intervals)")
     ax.legend()
     return _figure_png(fig)
@@ -78,7 +86,7 @@ def rollout_ablation_plot(series: dict[str, dict[str, dict[str, Any]]]) -> str:
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, 1)
     ax.set_xlabel("MCTS rollouts")
-    ax.set_ylabel("solve rate (hidden tests)")
+    ax.set_ylabel(SOLVE_RATE_LABEL)
     ax.set_title("MCTS rollout budget ablation")
     ax.legend()
     return _figure_png(fig)
@@ -126,25 +134,100 @@ def _plot_dpo_metric(
 
 
 def learning_curve_plot(points: list[dict[str, Any]]) -> str:
-    """Test-split solve rate of each round's policy, per mode, with Wilson intervals.
-    points: [{"label": ..., "modes": {mode: rate stats}}] in round order."""
-    fig, ax = _new_axes(width=max(7.0, 1.4 * len(points)))
-    modes = sorted({mode for point in points for mode in point["modes"]})
-    for offset, mode in enumerate(modes):
-        xs, ys, lows, highs = [], [], [], []
+    """The round report's learning curve (see draw_learning_curve) as a base64 PNG string."""
+    fig, ax = _new_axes(width=max(7.0, 1.6 * len(points)), height=4.2)
+    draw_learning_curve(ax, points, "Each round's candidate on the test split")
+    return _figure_png(fig)
+
+
+def learning_curve_figure(panels: list[tuple[str, list[dict[str, Any]]]]) -> bytes:
+    """Several learning curves side by side (one panel each), as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = sum(max(4.5, 1.6 * len(points)) for _, points in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.6), sharey=True, squeeze=False)
+    for ax, (title, points) in zip(axes[0], panels, strict=True):
+        draw_learning_curve(ax, points, title)
+    return _figure_bytes(fig)
+
+
+def draw_learning_curve(ax: Any, points: list[dict[str, Any]], title: str) -> None:
+    """Test-split solve rate per mode of the policy a run started from and of each round's
+    candidate, with 95% Wilson intervals. points, in round order: {"label", "promoted" (None
+    for the starting policy, else whether validation promoted the candidate), "validation"
+    (None, or the gate mode's {"gained", "lost", "p_better"}), "modes": {mode: rate stats}}.
+    Filled markers joined by a line are the policies the run went on from (its start and each
+    promoted candidate); a hollow marker is a candidate validation kept out."""
+    from matplotlib.lines import Line2D
+
+    modes = list(dict.fromkeys(mode for point in points for mode in point["modes"]))
+    colors = [f"C{index}" for index in range(len(modes))]
+    for offset, (mode, color) in enumerate(zip(modes, colors, strict=True)):
+        shift = (offset - (len(modes) - 1) / 2) * 0.09
+        chain_x, chain_y = [], []
         for position, point in enumerate(points):
             stats = point["modes"].get(mode)
             if stats is None:
                 continue
-            xs.append(position + (offset - (len(modes) - 1) / 2) * 0.08)
-            ys.append(stats["solve_rate"])
-            lows.append(stats["solve_rate"] - stats["ci_low"])
-            highs.append(stats["ci_high"] - stats["solve_rate"])
-        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=mode)
+            x, rate = position + shift, stats["solve_rate"]
+            kept_out = point.get("promoted") is False
+            ax.errorbar(
+                [x],
+                [rate],
+                yerr=[[max(0.0, rate - stats["ci_low"])], [max(0.0, stats["ci_high"] - rate)]],
+                marker="o",
+                markersize=6,
+                capsize=3,
+                color=color,
+                markerfacecolor="white" if kept_out else color,
+                linestyle="none",
+            )
+            if not kept_out:
+                chain_x.append(x)
+                chain_y.append(rate)
+        ax.plot(chain_x, chain_y, color=color, linewidth=1.2)
     ax.set_xticks(range(len(points)))
-    ax.set_xticklabels([point["label"] for point in points])
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("solve rate (test split)")
-    ax.set_title("Learning curve: each round's policy on the test split (95% Wilson intervals)")
-    ax.legend()
-    return _figure_png(fig)
+    ax.set_xticklabels([_curve_tick(point) for point in points], fontsize=8)
+    top = max((s["ci_high"] for p in points for s in p["modes"].values()), default=0.5)
+    ax.set_ylim(0, min(1.0, top + 0.15))
+    ax.set_xlim(-0.5, len(points) - 0.5)
+    ax.set_ylabel(f"test-split {SOLVE_RATE_LABEL}")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    handles = [
+        Line2D([], [], color=c, marker="o", label=m) for m, c in zip(modes, colors, strict=True)
+    ]
+    handles.append(
+        Line2D(
+            [],
+            [],
+            color="#555",
+            marker="o",
+            markerfacecolor="white",
+            linestyle="none",
+            label="kept out by validation",
+        )
+    )
+    ax.legend(handles=handles, fontsize=8, loc="best")
+
+
+def p_text(p: float) -> str:
+    """A p-value as the docs write it: '=0.031', '=0.5', '=1', '<0.001'."""
+    return "<0.001" if p < 0.001 else "=" + f"{p:.3f}".rstrip("0").rstrip(".")
+
+
+def _curve_tick(point: dict[str, Any]) -> str:
+    """'round 1\npromoted\nval. +16/-5, p=0.013' (the starting policy: its label and 'start')."""
+    if point.get("promoted") is None:
+        return f"{point['label']}\nstart"
+    text = f"{point['label']}\n{'promoted' if point['promoted'] else 'kept out'}"
+    validation = point.get("validation")
+    if validation:
+        text += (
+            f"\nval. +{validation['gained']}/-{validation['lost']}, "
+            f"p{p_text(validation['p_better'])}"
+        )
+    return text

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.errors import BadInputError, CorruptInputError, MissingInputError
-from codeq.report import plots
+from codeq.report import advice, plots
 from codeq.schemas import write_json
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -79,8 +79,10 @@ def build_summary(
                 "by_level",
                 "by_category",
                 "dropped",
+                "critique_auc",
             )
         }
+        summary["pairs"]["alpha"] = (pair_stats.get("config") or {}).get("alpha")
     if train_metrics is not None and train_metrics.get("trained") is False:
         summary["train_skipped"] = train_metrics.get("reason", "no adapter was trained")
     elif train_metrics is not None:
@@ -225,7 +227,9 @@ def render_report(
 
     Each input is a stage's JSON output (path, folder or already-loaded dict); any may be absent,
     but not all of them. `examples` are fixes the model made (codeq.report.examples); `stages`
-    one row per stage of the round: its name, wall seconds and config fingerprint."""
+    one row per stage of the round: its name, wall seconds and config fingerprint;
+    `learning_curve` the run's policies on the test split (codeq.report.plots.draw_learning_curve),
+    drawn when it holds more than one round's candidate."""
     loaded = {
         "eval": results if isinstance(results, dict) else read_json_input(results, "evaluate"),
         "base": base_results
@@ -251,13 +255,18 @@ def render_report(
         summary["examples"] = examples
     if stages:
         summary["stages"] = stages
+    summary["next_steps"] = advice.what_next(summary)
+    summary["warnings"] = advice.warnings_here(summary)
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     write_json(out_path / "report.json", summary)
-    context = {"title": title, "summary": summary}
+    curve_modes = list(
+        dict.fromkeys(mode for point in learning_curve or [] for mode in point["modes"])
+    )
+    context = {"title": title, "summary": summary, "curve_modes": curve_modes}
     (out_path / "report.md").write_text(_render_template("report.md.j2", context), encoding="utf-8")
     figures = _plots(loaded["eval"], loaded["base"], loaded["train"])
-    if len(learning_curve or []) > 1:
+    if sum(point.get("promoted") is not None for point in learning_curve or []) > 1:
         figures.insert(
             0,
             {

@@ -1,0 +1,309 @@
+"""The front page of docs/results.md, recomputed from the committed result files alone (no store,
+no model): the headline table of the learning curves (each policy in each single-pass mode,
+solved of n with its 95% Wilson interval, paired against the policy it was meant to replace),
+MCTS against best-of-N at equal programs, the single pass on the test tasks the curves never
+scored, and the figure (test-split solve rate per round for each mode, promotions marked).
+
+    .venv/bin/python bench/curve_figure.py                                   # the tables
+    .venv/bin/python bench/curve_figure.py --png docs/results/learning-curves.png
+
+Every paired comparison is the exact one-sided McNemar test the promotion uses
+(codeq.promotion), on the same tasks; validation figures are read from each round's
+round-N-evaluate/ files (per task) where the curve committed them, else from round-N.json
+(the decision's gained and lost task ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from codeq.evaluate.results import EvalResults, ModeResult  # noqa: E402
+from codeq.evaluate.stats import wilson_interval  # noqa: E402
+from codeq.promotion import ModeComparison, compare_modes  # noqa: E402
+from codeq.schemas import Lineage  # noqa: E402
+
+RESULTS = REPO / "docs" / "results"
+CURVES = {
+    "learning-curve": "First curve: promotion decided on 40 validation tasks",
+    "learning-curve-whole": "Second curve: promotion decided on all 143 validation tasks",
+}
+TEST_MODES = ("full_rewrite", "zero_shot")
+# the figure's series: the single-pass modes of every policy, and the search modes where measured
+FIGURE_MODES = {
+    "full_rewrite": ("modes", "full_rewrite"),
+    "zero_shot": ("modes", "zero_shot"),
+    "MCTS, 8 rollouts": ("mcts_rollout_ablation", "8"),
+    "best-of-16": ("bon_ablation", "16"),
+}
+
+
+def figure_of(results: EvalResults, where: tuple[str, str]) -> ModeResult | None:
+    part, key = where
+    return getattr(results, part).get(key)
+
+
+def rate(solved: int, n: int) -> dict[str, Any]:
+    low, high = wilson_interval(solved, n)
+    return {"solved": solved, "n": n, "solve_rate": solved / n, "ci_low": low, "ci_high": high}
+
+
+def mode_rate(result: ModeResult) -> dict[str, Any]:
+    return rate(result.solved, result.n)
+
+
+def round_files(folder: Path) -> list[dict[str, Any]]:
+    numbered = {
+        int(match.group(1)): path
+        for path in folder.glob("round-*.json")
+        if (match := re.fullmatch(r"round-(\d+)", path.stem))
+    }
+    return [json.loads(numbered[number].read_text()) for number in sorted(numbered)]
+
+
+def validation_of(folder: Path, entry: dict[str, Any]) -> tuple[ModeComparison, str]:
+    """The round's gate comparison on validation and the file(s) it was read from."""
+    evaluate = folder / f"round-{entry['round']}-evaluate"
+    files = [evaluate / f"{role}-validation.json" for role in ("candidate", "incumbent")]
+    if all(path.is_file() for path in files):
+        candidate, incumbent = (EvalResults.load(path) for path in files)
+        mode = entry["validation"][0]["mode"]
+        paired = compare_modes(mode, candidate.modes[mode], incumbent.modes[mode])
+        return paired, f"{evaluate.name}/*-validation.json"
+    return ModeComparison.model_validate(entry["validation"][0]), f"round-{entry['round']}.json"
+
+
+def load_curve(folder: Path) -> list[dict[str, Any]]:
+    """One row per policy, in round order: the base model, then each round's candidate (the
+    policy a round promoted, or the candidate validation kept out), with its validation
+    decision and its test-split figures paired against the round's incumbent."""
+    base = EvalResults.load(folder / "base-test.json")
+    loaded = {"base": base}
+    rounds = round_files(folder)
+    first = validation_of(folder, rounds[0])[0] if rounds else None
+    rows: list[dict[str, Any]] = [
+        {
+            "name": "base",
+            "label": "base model",
+            "round": None,
+            "promoted": None,
+            "incumbent": None,
+            "validation": None if first is None else rate(first.incumbent_solved, first.tasks),
+            "validation_vs": None,
+            "validation_source": None,
+            "results": base,
+            "test_vs": {},
+        }
+    ]
+    for entry in rounds:
+        name = entry["test_policy"] or entry["test_candidate"]
+        results = EvalResults.load(folder / f"{name}-test.json")
+        wanted = Lineage.model_validate(entry["incumbent"]).id
+        incumbent = next(key for key, value in loaded.items() if value.policy.id == wanted)
+        loaded[name] = results
+        paired, source = validation_of(folder, entry)
+        rows.append(
+            {
+                "name": name,
+                "label": f"round {entry['round']}",
+                "round": entry["round"],
+                "promoted": bool(entry["promoted"]),
+                "incumbent": incumbent,
+                "validation": rate(paired.candidate_solved, paired.tasks),
+                "validation_vs": paired,
+                "validation_source": source,
+                "results": results,
+                "test_vs": {
+                    mode: compare_modes(mode, results.modes[mode], loaded[incumbent].modes[mode])
+                    for mode in TEST_MODES
+                },
+            }
+        )
+    return rows
+
+
+def curve_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as codeq.report.plots.draw_learning_curve takes them."""
+    points = []
+    for row in rows:
+        paired = row["validation_vs"]
+        modes = {}
+        for label, where in FIGURE_MODES.items():
+            result = figure_of(row["results"], where)
+            if result is not None:
+                modes[label] = mode_rate(result)
+        points.append(
+            {
+                "label": "base" if row["round"] is None else row["label"],
+                "promoted": row["promoted"],
+                "validation": None
+                if paired is None
+                else {
+                    "gained": len(paired.gained),
+                    "lost": len(paired.lost),
+                    "p_better": paired.p_better,
+                },
+                "modes": modes,
+            }
+        )
+    return points
+
+
+def rate_text(figure: dict[str, Any]) -> str:
+    return (
+        f"{figure['solved']} / {figure['n']} ({100 * figure['solve_rate']:.0f}%, "
+        f"{100 * figure['ci_low']:.0f}%–{100 * figure['ci_high']:.0f}%)"
+    )
+
+
+def p_text(p: float) -> str:
+    """0.03125 -> '0.031', 0.5 -> '0.5', 1.0 -> '1', 0.0004 -> '< 0.001'."""
+    return "< 0.001" if p < 0.001 else f"{p:.3f}".rstrip("0").rstrip(".")
+
+
+def paired_text(paired: ModeComparison | None, against: str | None) -> str:
+    """'+5 / -0 vs base, p = 0.031' (p for a gain; for a net loss, p worse: that of a loss)."""
+    if paired is None:
+        return ""
+    gained, lost = len(paired.gained), len(paired.lost)
+    if gained >= lost:
+        p = f"p = {p_text(paired.p_better)}"
+    else:
+        p = f"p worse = {p_text(paired.p_worse)}"
+    return f"; +{gained} / -{lost} vs {against}, {p}"
+
+
+def curve_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| policy | validation, full_rewrite (decides) | test, full_rewrite | test, zero_shot |",
+        "|---|---|---|---|",
+    ]
+    labels = {row["name"]: "base" if row["round"] is None else row["label"] for row in rows}
+    for row in rows:
+        decision = (
+            ""
+            if row["promoted"] is None
+            else (": **promoted**" if row["promoted"] else ": kept out")
+        )
+        against = labels.get(row["incumbent"])
+        cells = [
+            "–"
+            if row["validation"] is None
+            else rate_text(row["validation"]) + paired_text(row["validation_vs"], against)
+        ]
+        for mode in TEST_MODES:
+            result = row["results"].modes[mode]
+            cells.append(
+                rate_text(mode_rate(result)) + paired_text(row["test_vs"].get(mode), against)
+            )
+        lines.append(f"| {row['label']}{decision} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def search_rows(results_dir: Path) -> list[tuple[str, ModeComparison, float]]:
+    """MCTS with 8 rollouts against best-of-16 (the most programs 8 rollouts of K = 2 rewrites
+    can write), paired on the same 60 test tasks: (who, comparison, MCTS programs a task)."""
+    curve = results_dir / "learning-curve"
+    sources = [
+        ("base model, the curves' search", curve / "base-test.json", curve / "base-test.json"),
+        ("round 0's policy, the curves' search", curve / "round-0-test.json", None),
+        (
+            "base model, today's search defaults",
+            results_dir / "refine" / "test-mcts.json",
+            results_dir / "refine" / "test-bon16.json",
+        ),
+    ]
+    rows = []
+    for label, mcts_file, bon_file in sources:
+        mcts = EvalResults.load(mcts_file)
+        bon = EvalResults.load(bon_file or mcts_file)
+        eight, sixteen = mcts.mcts_rollout_ablation["8"], bon.bon_ablation["16"]
+        rows.append((label, compare_modes("mcts@8 vs bon@16", eight, sixteen), eight.programs))
+    return rows
+
+
+def search_table(rows: list[tuple[str, ModeComparison, float]]) -> str:
+    lines = [
+        "| policy and search | MCTS, 8 rollouts | best-of-16 | MCTS gained / lost | "
+        "p (MCTS better) | p (MCTS worse) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, paired, programs in rows:
+        lines.append(
+            f"| {label} | {rate_text(rate(paired.candidate_solved, paired.tasks))}, "
+            f"{programs:.1f} programs a task | "
+            f"{rate_text(rate(paired.incumbent_solved, paired.tasks))} | "
+            f"+{len(paired.gained)} / -{len(paired.lost)} | {p_text(paired.p_better)} | "
+            f"{p_text(paired.p_worse)} |"
+        )
+    return "\n".join(lines)
+
+
+REPLICATION = [  # (label, file stem, the policy it is paired against)
+    ("base model", "base", None),
+    ("round 0 (promoted)", "round0", "base"),
+    ("round 1's candidate (kept out)", "round1-candidate", "round0"),
+    ("round 2's candidate (kept out)", "round2-candidate", "round0"),
+]
+
+
+def replication_rows(results_dir: Path) -> list[tuple[str, dict[str, Any], ModeComparison | None]]:
+    """The first curve's policies, full_rewrite, on the 137 test tasks the curve never scored
+    (planned before they ran), each against the policy it was meant to replace."""
+    folder = results_dir / "learning-curve" / "replication"
+    loaded = {
+        stem: EvalResults.load(folder / f"test137-{stem}-full_rewrite.json").modes["full_rewrite"]
+        for _, stem, _ in REPLICATION
+    }
+    return [
+        (
+            label,
+            mode_rate(loaded[stem]),
+            None
+            if against is None
+            else compare_modes("full_rewrite", loaded[stem], loaded[against]),
+        )
+        for label, stem, against in REPLICATION
+    ]
+
+
+def replication_table(rows: list[tuple[str, dict[str, Any], ModeComparison | None]]) -> str:
+    names = {"base": "base", "round0": "round 0"}
+    lines = ["| policy | full_rewrite, 137 other test tasks |", "|---|---|"]
+    for (label, figure, paired), (_, _, against) in zip(rows, REPLICATION, strict=True):
+        lines.append(f"| {label} | {rate_text(figure)}{paired_text(paired, names.get(against))} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="docs/results")
+    parser.add_argument("--png", type=Path, help="write the figure here (PNG)")
+    args = parser.parse_args(argv)
+    panels = []
+    for name, title in CURVES.items():
+        rows = load_curve(args.results / name)
+        panels.append((title, curve_points(rows)))
+        sources = sorted({row["validation_source"] for row in rows if row["validation_source"]})
+        print(f"## {title} (docs/results/{name}/)\n\n{curve_table(rows)}\n")
+        print(f"Validation read from: {', '.join(sources)}.\n")
+    print("## MCTS against best-of-N at equal programs (test, 60 tasks)\n")
+    print(search_table(search_rows(args.results)) + "\n")
+    print("## The first curve's single pass on the other 137 test tasks\n")
+    print(replication_table(replication_rows(args.results)))
+    if args.png:
+        from codeq.report.plots import learning_curve_figure
+
+        args.png.write_bytes(learning_curve_figure(panels))
+        print(f"\nwrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()

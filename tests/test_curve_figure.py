@@ -1,0 +1,134 @@
+"""bench/curve_figure.py on the committed result files: the figures docs/results.md's front page
+quotes come out of the per-task files, and the figure is written."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "docs" / "results"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location(
+        "curve_figure", REPO / "bench" / "curve_figure.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+curve_figure = load_script()
+
+
+def test_the_whole_split_curve_promotes_round_1_on_validation_and_gains_on_test() -> None:
+    rows = curve_figure.load_curve(RESULTS / "learning-curve-whole")
+    assert [(row["label"], row["promoted"]) for row in rows] == [
+        ("base model", None),
+        ("round 0", False),
+        ("round 1", True),
+    ]
+    round_1 = rows[2]
+    validation = round_1["validation_vs"]  # from the per-task files of round-1-evaluate/
+    assert (validation.candidate_solved, validation.incumbent_solved, validation.tasks) == (
+        33,
+        22,
+        143,
+    )
+    assert (len(validation.gained), len(validation.lost)) == (16, 5)
+    assert round_1["validation_source"] == "round-1-evaluate/*-validation.json"
+    assert round_1["incumbent"] == "base"
+    test = round_1["test_vs"]["full_rewrite"]
+    assert (test.candidate_solved, test.incumbent_solved, len(test.gained), len(test.lost)) == (
+        13,
+        4,
+        10,
+        1,
+    )
+    assert round(test.p_better, 4) == 0.0059
+
+
+def test_the_first_curve_table_and_the_other_tables() -> None:
+    rows = curve_figure.load_curve(RESULTS / "learning-curve")
+    table = curve_figure.curve_table(rows)
+    assert "| round 0: **promoted** | 9 / 40 (22%, 12%–38%); +5 / -0 vs base, p = 0.031 |" in table
+    assert "13 / 60 (22%, 13%–34%); +6 / -0 vs round 0, p = 0.016" in table  # round 2, kept out
+    search = curve_figure.search_table(curve_figure.search_rows(RESULTS))
+    assert "| base model, the curves' search | 11 / 60" in search and "+1 / -8" in search
+    replication = curve_figure.replication_table(curve_figure.replication_rows(RESULTS))
+    assert "22 / 137 (16%, 11%–23%); +9 / -1 vs base, p = 0.011" in replication
+
+
+def test_points_mark_promotions_for_the_figure() -> None:
+    points = curve_figure.curve_points(curve_figure.load_curve(RESULTS / "learning-curve"))
+    assert [point["promoted"] for point in points] == [None, True, False, False]
+    assert points[1]["validation"] == {"gained": 5, "lost": 0, "p_better": 0.03125}
+    assert set(points[0]["modes"]) == {
+        "full_rewrite",
+        "zero_shot",
+        "MCTS, 8 rollouts",
+        "best-of-16",
+    }
+    assert set(points[3]["modes"]) == {"full_rewrite", "zero_shot"}  # round 2: no search modes
+
+
+def test_the_command_prints_the_tables_and_writes_the_png(tmp_path) -> None:
+    png = tmp_path / "curves.png"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "curve_figure.py"), "--png", str(png)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "| round 1: **promoted** | 33 / 143 (23%, 17%–31%); +16 / -5 vs base, p = 0.013 |" in (
+        done.stdout
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (RESULTS / "learning-curves.png").is_file()  # the committed one, shown by results.md
+    # the front page shows every table row the script prints, as printed
+    page = (REPO / "docs" / "results.md").read_text()
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) > 15
+    assert [row for row in rows if row not in page] == []
+
+
+def test_the_widening_paragraph_s_8_rollout_figures_from_the_committed_files() -> None:
+    """The notebook's widening paragraph, re-derived: MCTS with widening 0.5 at 8 rollouts
+    against the base model's single passes on the same 60 test tasks (`--pair`)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "compare_evals.py"),
+            str(RESULTS / "widening" / "test-mcts-w0.5.json"),
+            str(RESULTS / "learning-curve" / "base-test.json"),
+            "--pair",
+            "mcts@8",
+            "zero_shot",
+            "--pair",
+            "mcts@8",
+            "full_rewrite",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "| mcts@8 vs zero_shot | 60 | 14 | 9 | +7 / -2 (p = 0.0898) |" in done.stdout
+    assert "| mcts@8 vs full_rewrite | 60 | 14 | 4 | +10 / -0 (p = 0.001) |" in done.stdout
+    refused = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "compare_evals.py"),
+            str(RESULTS / "widening" / "test-mcts-w0.5.json"),
+            str(RESULTS / "learning-curve" / "base-test.json"),
+            "--pair",
+            "mcts@16",
+            "zero_shot",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0
+    assert "the first results have no figure 'mcts@16'" in refused.stderr
