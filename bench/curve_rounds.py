@@ -3,9 +3,9 @@ and what anyone needs to check them.
 
 `persist_round` copies a finished round's store objects (trajectories, pairs, adapter, evaluation
 with its searched trees, promotion decision, report, and the run's current policy after the
-round) into `<results>/rounds/round-N/`: every object under `store/<its key>`, JSON Lines
-compressed with xz (`<key>.xz`), an object equal to one already copied stored once, and
-`round.json` listing each key with the sha256 and size of its content. The tasks (DebugBench
+round) into `<results>/rounds/round-N/`: every object under `store/<its key>`, compressed with
+xz (`<key>.xz`) where that saves a tenth or more, an object equal to one already copied stored
+once, and `round.json` listing each key with the sha256 and size of its content. The tasks (DebugBench
 itself) are left out: the curve's prepare stage builds them again, and `round.json` records the
 sha256 of their manifest, so tasks that came out different are caught.
 
@@ -25,12 +25,35 @@ from typing import Any
 
 ROUNDS_DIR = "rounds"
 ROUND_FILE = "round.json"
-COMPRESSED = (".jsonl",)  # what xz shrinks tenfold; the rest is small or binary (safetensors)
+SMALL_FILE_BYTES = 16 * 1024  # kept as they are: readable in a diff, little to gain
 
 
-def settings_digest(settings: dict[str, Any]) -> str:
-    """The curve's settings (without the store's location), as the round records them."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+def effective_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Every config key the curve's settings give (the defaults they leave included), dotted,
+    without the store's location: what a committed round must have been made with."""
+    from codeq.config import load_config
+
+    dumped = load_config(None, settings).model_dump(mode="json")
+    return {
+        f"{section}.{key}": value
+        for section, values in dumped.items()
+        if section != "store" and isinstance(values, dict)
+        for key, value in values.items()
+    }
+
+
+def settings_changes(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Keys whose value differs between a round's settings and this command's; a key added to
+    the config since, at the value that reproduces earlier runs, is no change."""
+    from codeq.config import is_neutral
+
+    changed = []
+    for key in sorted(set(recorded) | set(now)):
+        if key not in recorded and is_neutral(key, now[key]):
+            continue
+        if recorded.get(key, "(absent)") != now.get(key, "(absent)"):
+            changed.append(f"{key} {recorded.get(key, '(absent)')} -> {now.get(key, '(absent)')}")
+    return changed
 
 
 def round_prefixes(runs: list[str], number: int) -> list[str]:
@@ -44,6 +67,15 @@ def kept(key: str) -> bool:
     objects a collect shard saves while it runs (its trajectories.jsonl holds them all)."""
     inside = key.split("/", 3)[3] if key.count("/") >= 3 else key
     return not inside.startswith("tasks/") and "/tasks/" not in inside
+
+
+def pack(data: bytes) -> bytes:
+    """`data` compressed with xz where that saves a tenth or more (JSON Lines, tokenizer.json,
+    reports); `data` itself otherwise (an adapter's float32 weights save about 9%)."""
+    if len(data) < SMALL_FILE_BYTES:
+        return data
+    packed = lzma.compress(data, preset=9)
+    return packed if len(packed) <= 0.9 * len(data) else data
 
 
 def persist_round(
@@ -66,17 +98,17 @@ def persist_round(
             digest = hashlib.sha256(data).hexdigest()
             name = written.get(digest)
             if name is None:
-                name = f"store/{key}" + (".xz" if key.endswith(COMPRESSED) else "")
+                packed = pack(data)
+                name = f"store/{key}" + (".xz" if packed is not data else "")
                 target = folder / name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                packed = lzma.compress(data, preset=9) if name.endswith(".xz") else data
                 target.write_bytes(packed)
                 written[digest] = name
             keys[key] = {"sha256": digest, "bytes": len(data), "file": name}
     entry = {
         "round": number,
         "runs": runs,
-        "settings_sha256": settings_digest(settings),
+        "settings": effective_settings(settings),
         "tasks_manifest_sha256": hashlib.sha256(store.get_bytes(tasks_manifest_key)).hexdigest(),
         "keys": keys,
     }
@@ -100,11 +132,12 @@ def read_committed(results: Path, number: int, settings: dict[str, Any]) -> dict
 
     path = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
     entry: dict[str, Any] = json.loads(path.read_text())
-    if entry.get("settings_sha256") != settings_digest(settings):
+    changed = settings_changes(entry.get("settings") or {}, effective_settings(settings))
+    if changed:
         raise CorruptInputError(
-            f"{path} was made with other curve settings than this command's "
-            f"(settings sha256 {str(entry.get('settings_sha256'))[:12]}, now "
-            f"{settings_digest(settings)[:12]})",
+            f"{path} was made with other curve settings than this command's: "
+            + "; ".join(changed[:3])
+            + (f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""),
             hint="run the curve with the options its section of docs/results.md names, or "
             "give a new --results folder for another curve",
         )

@@ -130,6 +130,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "never used). In docs/results.md, round 1's: the whole validation split promotes it",
     )
     parser.add_argument(
+        "--persist-rounds",
+        action="store_true",
+        help="write every finished round the store holds into <results>/rounds/ for git (as "
+        "the curve does after each round; for a round that finished under older code) and exit",
+    )
+    parser.add_argument(
         "--write-eval-config",
         type=Path,
         metavar="FILE",
@@ -153,6 +159,7 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "max_new_tokens": 512,
             "critique_max_new_tokens": 24,
             "batch_size": 32,
+            "backend": "engine",
         },
         "search": {
             "rewrites_per_expansion": 2,
@@ -177,7 +184,14 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "rollout_ablation": [1, 2, 4, 8],
             "max_tasks": args.test_tasks,
         },
-        "promotion": {"modes": ["full_rewrite"], "max_tasks": args.validation_tasks},
+        # The rule the curves began with: greedy answers, no guard mode (keys added since, at
+        # the values that reproduce it), and the engine that generated every round so far.
+        "promotion": {
+            "modes": ["full_rewrite"],
+            "max_tasks": args.validation_tasks,
+            "samples": 0,
+            "guard_modes": [],
+        },
         "store": {"uri": f"file://{args.out.resolve() / 'store'}", "run": "curve"},
     }
     if args.search_settings == "first-curves":
@@ -615,6 +629,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def persist_finished_rounds(args: argparse.Namespace) -> None:
+    """Every round of the chosen run whose promotion decision the store holds, into
+    <results>/rounds/ (a round already there is left as it is)."""
+    from codeq.errors import MissingInputError
+
+    recorded = read_json_or(args.results / "learning-rate.json", None)
+    if recorded is None:
+        raise MissingInputError(
+            f"no learning rate chosen yet in {args.results / 'learning-rate.json'}",
+            hint="a curve persists its rounds once round 0 has chosen its run",
+        )
+    curve = Curve(args)
+    curve.run = str(recorded["chosen_run"])
+    for number in range(args.rounds):
+        if curve.store.is_complete(curve.ctx(number).layout.stage("promote")):
+            curve.persist_round(number)
+
+
 def check_rates(args: argparse.Namespace) -> None:
     """Round 0 trained with other learning rates after the choice, on the same pairs, each
     judged on validation as the trials were: whether the choice holds, recorded beside it.
@@ -851,6 +883,9 @@ def main() -> None:
             return
         if args.check_rates:
             check_rates(args)
+            return
+        if args.persist_rounds:
+            persist_finished_rounds(args)
             return
         run(args)
     except CodeQError as exc:  # one error: line and a hint, as the CLI prints them

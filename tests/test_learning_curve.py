@@ -203,3 +203,49 @@ def test_search_candidates_outside_the_curves_rounds_are_refused_before_anything
     assert refused.returncode != 0
     assert "--search-candidates 2 5: this curve has rounds 0-1" in refused.stderr
     assert not (tmp_path / "curve").exists()
+
+
+@pytest.mark.slow
+def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_path):
+    """The third curve's way: each finished round's store objects go to <results>/rounds/; a
+    fresh store continues from them without computing a round again; a file that fails its
+    sha256, or other curve settings, is refused with one line naming the file."""
+    results = tmp_path / "results"
+    options = ("--search-settings", "defaults", "--test-after-chain", "--learning-rates", "1e-3")
+    first = run_curve(tmp_path / "curve", results=results, extra=options, rounds=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    committed = json.loads((results / "rounds" / "round-0" / "round.json").read_text())
+    keys = committed["keys"]
+    assert any(key.endswith("/adapter/adapter_model.safetensors") for key in keys)
+    assert any(key.endswith("/pairs/pairs.jsonl") for key in keys)
+    assert any(key.endswith("/promote/decision.json") for key in keys)
+    assert not [key for key in keys if "/tasks/" in key]  # the data set stays out of git
+    packed = (
+        results / "rounds" / "round-0" / keys[next(k for k in keys if "pairs.jsonl" in k)]["file"]
+    )
+    assert packed.name.endswith(".jsonl.xz")
+
+    def started(run: subprocess.CompletedProcess) -> list[str]:
+        return [line for line in run.stderr.splitlines() if line.startswith("[curve]")]
+
+    # a fresh store and the committed files: round 0 is restored, not computed again
+    fresh = run_curve(tmp_path / "fresh", results=results, extra=options, rounds=1)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    lines = started(fresh)
+    assert any("round 0: restored from git" in line for line in lines)
+    computed = [line for line in lines if "starting" in line]
+    assert computed and all(" prepare: starting" in line for line in computed), computed
+
+    # a committed file that fails its sha256 is refused, naming it; nothing is recomputed
+    adapter = next(k for k in keys if k.endswith("adapter_model.safetensors"))
+    tampered = results / "rounds" / "round-0" / keys[adapter]["file"]
+    tampered.write_bytes(tampered.read_bytes()[:-1] + b"\0")
+    refused = run_curve(tmp_path / "tampered", results=results, extra=options, rounds=1)
+    assert refused.returncode == 2
+    assert f"error: {tampered} fails its sha256" in refused.stderr
+    assert not [line for line in started(refused) if "starting" in line]
+
+    # other settings than the round was made with: refused before anything runs
+    other = run_curve(tmp_path / "other", results=results, extra=(*options, "--seed", "1"))
+    assert other.returncode == 2
+    assert "round.json was made with other curve settings" in other.stderr

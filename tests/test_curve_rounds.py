@@ -1,0 +1,101 @@
+"""bench/curve_rounds.py on a real file store with small objects: a round written for git is put
+back into a fresh store bit for bit; a tampered file or other settings are refused, naming it."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import curve_rounds  # noqa: E402
+
+from codeq.config import StoreConfig  # noqa: E402
+from codeq.errors import CorruptInputError  # noqa: E402
+from codeq.store import open_store  # noqa: E402
+
+SETTINGS = {"search": {"seed": 0}, "promotion": {"guard_modes": [], "samples": 0}}
+
+
+def store_with_a_round(root: Path):
+    store = open_store(StoreConfig(uri=f"file://{root}"))
+    trajectories = "".join(
+        json.dumps({"task_id": f"t{i}", "code": "x = 1\n" * 50}) + "\n" for i in range(200)
+    )
+    objects = {
+        "runs/curve/round-0/tasks/train.jsonl": b'{"the data set": 1}\n',
+        "runs/curve/round-0/tasks/MANIFEST.json": b'{"files": {}}\n',
+        "runs/curve/round-0/trajectories/shard-0/trajectories.jsonl": trajectories.encode(),
+        "runs/curve/round-0/trajectories/shard-0/tasks/t0.json": b"{}\n",
+        "runs/curve/round-0/trajectories/shard-0/_COMPLETE": b'{"stage": "collect"}\n',
+        "runs/curve-lr/round-0/trajectories/shard-0/trajectories.jsonl": trajectories.encode(),
+        "runs/curve-lr/round-0/adapter/adapter_model.safetensors": random.Random(0).randbytes(
+            1 << 15
+        ),
+        "runs/curve-lr/round-0/adapter/_COMPLETE": b'{"stage": "train"}\n',
+        "runs/curve-lr/current/CURRENT.json": b'{"adapters": []}\n',
+    }
+    for key, data in objects.items():
+        store.put_bytes(key, data)
+    return store, objects
+
+
+def test_a_round_written_for_git_is_restored_into_a_fresh_store_bit_for_bit(tmp_path):
+    store, objects = store_with_a_round(tmp_path / "store")
+    results = tmp_path / "results"
+    manifest = "runs/curve/round-0/tasks/MANIFEST.json"
+    folder = curve_rounds.persist_round(
+        store, results, 0, ["curve", "curve-lr"], SETTINGS, manifest
+    )
+    entry = json.loads((folder / "round.json").read_text())
+    assert not [key for key in entry["keys"] if "/tasks/" in key]  # no data set, no progress
+    copies = {
+        entry["keys"][key]["file"] for key in entry["keys"] if key.endswith("trajectories.jsonl")
+    }
+    assert len(copies) == 1 and copies.pop().endswith(".jsonl.xz")  # stored once, compressed
+    assert curve_rounds.committed_rounds(results) == [0]
+
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
+    assert curve_rounds.restore_round(fresh, results, 0, SETTINGS) is True
+    for key, data in objects.items():
+        if "/tasks/" not in key:
+            assert fresh.get_bytes(key) == data
+    assert curve_rounds.restore_round(fresh, results, 0, SETTINGS) is False  # held: not again
+
+    fresh.put_bytes("runs/curve-lr/round-0/adapter/adapter_model.safetensors", b"another draw")
+    with pytest.raises(CorruptInputError, match="differs from"):
+        curve_rounds.restore_round(fresh, results, 0, SETTINGS)
+
+
+def test_a_tampered_file_or_other_settings_are_refused_naming_the_file(tmp_path):
+    store, _ = store_with_a_round(tmp_path / "store")
+    results = tmp_path / "results"
+    manifest = "runs/curve/round-0/tasks/MANIFEST.json"
+    folder = curve_rounds.persist_round(
+        store, results, 0, ["curve", "curve-lr"], SETTINGS, manifest
+    )
+
+    other = {**SETTINGS, "search": {"seed": 1}}
+    with pytest.raises(
+        CorruptInputError,
+        match=r"round\.json was made with other curve settings.*search\.seed 0 -> 1",
+    ):
+        curve_rounds.restore_round(
+            open_store(StoreConfig(uri=f"file://{tmp_path / 'a'}")), results, 0, other
+        )
+
+    adapter = folder / "store/runs/curve-lr/round-0/adapter/adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:-1] + b"\0")
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'b'}"))
+    with pytest.raises(CorruptInputError, match=f"{adapter} fails its sha256"):
+        curve_rounds.restore_round(fresh, results, 0, SETTINGS)
+    assert not fresh.list("runs")  # nothing half-restored
+
+    with pytest.raises(CorruptInputError, match="tasks built here differ"):
+        store.put_bytes(manifest, b'{"files": {"other": 1}}\n')
+        curve_rounds.check_tasks(store, results, 0, manifest)
