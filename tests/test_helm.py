@@ -573,6 +573,17 @@ QWEN_7B = {
     "num_key_value_heads": 4,
     "tie_word_embeddings": False,
 }
+# Qwen2.5-Coder-0.5B-Instruct's config.json (the first run's model, ci/first-run-values.yaml):
+# 24 layers, hidden 896, 14 query and 2 KV heads, the output layer tied to the embeddings.
+QWEN_05B = {
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
 # Tokenizer and config files next to the weights (tokenizer.json 7.0 MB, vocab.json 2.8 MB,
 # merges.txt 1.7 MB, the rest a few kB); each merged folder and each adapter has a copy.
 TOKENIZER_FILES = 12_000_000
@@ -620,14 +631,16 @@ def adapter_bytes(config: dict[str, int], rank: int, modules: list[str]) -> int:
     return config["num_hidden_layers"] * per_layer * 4 + TOKENIZER_FILES
 
 
-def peak_scratch(stage: str, train: dict[str, Any], model_cached: bool) -> float:
+def peak_scratch(
+    stage: str, train: dict[str, Any], model_cached: bool, shapes: dict[str, Any] = QWEN_7B
+) -> float:
     """Bytes on a stage's /scratch at its peak, a run of PROMOTED_ADAPTERS promoted rounds in:
     the base model downloaded into the Hugging Face cache (unless the model cache serves it),
     one merged folder per policy the stage loads (collect and train: the promoted lineage;
     evaluate: it and the candidate, which adds this round's adapter), every adapter of those
-    lineages, and the stage's work files."""
-    model = weight_bytes(QWEN_7B) + TOKENIZER_FILES
-    adapter = adapter_bytes(QWEN_7B, train["lora_r"], train["target_modules"])
+    lineages, and the stage's work files. `shapes`: the model's config.json (default the 7B)."""
+    model = weight_bytes(shapes) + TOKENIZER_FILES
+    adapter = adapter_bytes(shapes, train["lora_r"], train["target_modules"])
     policies = {"collect": 1, "train": 1, "evaluate": 2}.get(stage, 0)
     adapters = PROMOTED_ADAPTERS + (1 if stage in ("train", "evaluate") else 0)
     weights = 0.0
@@ -1462,3 +1475,215 @@ def test_notes_say_how_to_follow_read_logs_and_stop_a_round():
     ):
         assert text in notes, text
     assert "-p round=0" not in notes, "the round number defaults to the next one"
+
+
+# ----------------------------------------------------------------------------- the first run on EKS
+
+EKS_DOC = REPO / "docs" / "eks.md"
+# The boto3 calls of codeq/store.py and the IAM actions each needs on AWS S3. HeadObject answers
+# 404 for a missing key only to a caller with s3:ListBucket (403 otherwise), and the store's
+# exists() tells a missing marker by that 404; a multipart upload that stops is aborted.
+STORE_CALL_ACTIONS = {
+    "put_object": {"s3:PutObject"},
+    "get_object": {"s3:GetObject"},
+    "head_object": {"s3:GetObject", "s3:ListBucket"},
+    "delete_object": {"s3:DeleteObject"},
+    "upload_file": {"s3:PutObject", "s3:AbortMultipartUpload"},
+    "download_file": {"s3:GetObject"},
+    "list_objects_v2": {"s3:ListBucket"},
+}
+# docs/eks.md's shell variables, as its commands would set them.
+EKS_SHELL = {
+    "REGISTRY": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+    "INFER_DIGEST": "sha256:" + "1" * 64,
+    "TRAIN_DIGEST": "sha256:" + "2" * 64,
+    "ACCOUNT": "123456789012",
+    "REGION": "us-east-1",
+}
+
+
+def eks_doc_json() -> list[dict[str, Any]]:
+    """Every ```json block of docs/eks.md, parsed (a block that is not JSON fails here)."""
+    blocks = re.findall(r"```json\n(.*?)```", EKS_DOC.read_text(), flags=re.S)
+    return [json.loads(block) for block in blocks]
+
+
+def iam_statements(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(document.get("Statement", []))
+
+
+def eks_doc_values() -> dict[str, Any]:
+    """The values file the walkthrough writes (`cat > my-eks-values.yaml <<EOF`), its shell
+    variables expanded."""
+    (body,) = re.findall(
+        r"cat > my-eks-values\.yaml <<EOF\n(.*?)\nEOF\n", EKS_DOC.read_text(), flags=re.S
+    )
+    expanded = re.sub(r"\$([A-Z_]+)", lambda m: EKS_SHELL[m.group(1)], body)
+    return yaml.safe_load(expanded)
+
+
+def test_the_0_5b_sizes_are_the_known_ones():
+    """Qwen2.5-Coder-0.5B-Instruct has 0.49 B parameters: 0.99 GB of bf16 safetensors."""
+    assert weight_bytes(QWEN_05B) == 988_065_536
+
+
+def test_the_first_run_is_the_0_5b_on_one_gpu_node_with_the_disk_it_needs():
+    """ci/first-run-values.yaml: the 0.5B, every GPU stage placed alike (one node group, one
+    GPU each, one shard), requests that fit a g6.2xlarge (8 vCPU, 32 GiB) and the CPU stages a
+    4-vCPU, 16-GiB node, each less an allowance for the kubelet and DaemonSets, /scratch that holds
+    each stage's peak at the 0.5B's shapes, and a round deadline of hours, not days."""
+    from codeq.config import load_config
+
+    values = effective_values("first-run")
+    config = values["config"]
+    assert config["policy"]["model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert values["stages"]["collect"]["shards"] == 1
+    train = load_config(None).train.model_dump()
+    train.update(config["train"])
+    placements = set()
+    fits = {True: (7.5, 28 * 1024**3), False: (3.5, 12 * 1024**3)}  # GPU node, CPU node
+    for stage, job in stage_jobs("first-run").items():
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+        requests = container["resources"]["requests"]
+        cpu, memory = fits[gpus > 0]
+        assert parse_quantity(requests["cpu"]) <= cpu, stage
+        assert parse_quantity(requests["memory"]) <= memory, stage
+        if gpus:
+            assert gpus == 1, stage
+            placements.add(
+                json.dumps({k: pod.get(k) for k in ("nodeSelector", "tolerations")}, sort_keys=True)
+            )
+        need = peak_scratch(stage, train, False, QWEN_05B)
+        assert scratch_capacity(pod) >= need, (stage, need / 1e9)
+    assert len(placements) == 1, f"the GPU stages land on different node groups: {placements}"
+    assert workflow_template("first-run")["spec"]["activeDeadlineSeconds"] <= 12 * 3600
+
+
+def test_the_eks_walkthrough_trusts_the_service_account_the_chart_renders():
+    """The IRSA trust policy in docs/eks.md names the ServiceAccount the stage pods and the
+    round-number step run as, in the chart's namespace; every concrete subject the page names is
+    a ServiceAccount the chart renders; the role it creates is the one the values annotate."""
+    jobs = stage_jobs("first-run")
+    (account,) = {job["spec"]["template"]["spec"]["serviceAccountName"] for job in jobs.values()}
+    assert helper_pods("first-run")["resolve-round"]["spec"]["serviceAccountName"] == account
+    subject = f"system:serviceaccount:{NAMESPACE}:{account}"
+
+    trusts = [
+        doc
+        for doc in eks_doc_json()
+        if any(s["Action"] == "sts:AssumeRoleWithWebIdentity" for s in iam_statements(doc))
+    ]
+    assert len(trusts) == 1, "one IRSA trust policy in docs/eks.md"
+    (statement,) = iam_statements(trusts[0])
+    condition = statement["Condition"]["StringEquals"]
+    assert [v for k, v in condition.items() if k.endswith(":sub")] == [subject]
+    assert [v for k, v in condition.items() if k.endswith(":aud")] == ["sts.amazonaws.com"]
+    issuer = statement["Principal"]["Federated"].split(":oidc-provider/", 1)[1]
+    assert set(condition) == {f"{issuer}:sub", f"{issuer}:aud"}
+
+    text = EKS_DOC.read_text()
+    rendered = {
+        f"system:serviceaccount:{o['metadata']['namespace']}:{o['metadata']['name']}"
+        for o in objects("first-run")
+        if o["kind"] == "ServiceAccount"
+    }
+    named = set(re.findall(r"system:serviceaccount:[a-z0-9-]+:[a-z0-9-]+\b", text))
+    assert subject in named and named <= rendered, named - rendered
+
+    (sa,) = [
+        o
+        for o in objects("first-run")
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == account
+    ]
+    role = sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].rsplit("/", 1)[1]
+    assert f"--role-name {role} --assume-role-policy-document" in text
+
+
+def test_the_eks_walkthrough_s3_policy_grants_each_store_call_on_the_store_prefix():
+    """The IAM policy in docs/eks.md grants exactly the actions codeq/store.py's S3 calls need,
+    on the bucket and prefix of the first run's store.uri; a new call in the store fails here
+    until its actions are added (here and in the page)."""
+    source = (REPO / "codeq" / "store.py").read_text()
+    calls = set(re.findall(r"self\.client\.([a-z_0-9]+)", source)) - {"meta", "get_paginator"}
+    calls |= set(re.findall(r'get_paginator\("([a-z_0-9]+)"\)', source))
+    assert calls, "the store's S3 calls were not found"
+    unknown = calls - set(STORE_CALL_ACTIONS)
+    assert not unknown, f"S3 calls without IAM actions in STORE_CALL_ACTIONS: {unknown}"
+    needed = set().union(*(STORE_CALL_ACTIONS[call] for call in calls))
+
+    policies = [
+        doc
+        for doc in eks_doc_json()
+        if any(str(s["Action"]).count("s3:") for s in iam_statements(doc))
+    ]
+    assert len(policies) == 1, "one S3 policy in docs/eks.md"
+    granted: dict[str, set[str]] = {}
+    for statement in iam_statements(policies[0]):
+        assert statement["Effect"] == "Allow" and "Condition" not in statement, statement
+        actions = statement["Action"]
+        for action in [actions] if isinstance(actions, str) else actions:
+            granted.setdefault(action, set()).add(statement["Resource"])
+    assert set(granted) == needed
+
+    uri = effective_values("first-run")["store"]["uri"]
+    bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+    bucket_arn = f"arn:aws:s3:::{bucket}"
+    assert granted.pop("s3:ListBucket") == {bucket_arn}
+    for action, resources in granted.items():
+        assert resources == {f"{bucket_arn}/{prefix.strip('/')}/*"}, action
+
+
+def test_the_eks_walkthrough_values_and_commands_fit_the_chart():
+    """The values file docs/eks.md writes passes the chart's closed schema over the first run's
+    and renders with it (digests, store, role); the objects and files its commands name exist;
+    its NetworkPolicy check pod carries exactly the labels the stage pods' policy selects."""
+    mine = eks_doc_values()
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(
+            deep_merge(chart.values, deep_merge(scenario_values("first-run"), mine))
+        )
+    extra = json.dumps(mine, sort_keys=True)
+    for job in stage_jobs("first-run", extra).values():
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["image"].split("@")[1] in (
+            EKS_SHELL["INFER_DIGEST"],
+            EKS_SHELL["TRAIN_DIGEST"],
+        )
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["CODEQ_STORE__URI"] == f"s3://codeq-artifacts-{EKS_SHELL['ACCOUNT']}/codeq"
+    found = objects("first-run", extra)
+    (sa,) = [
+        o
+        for o in found
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-jobs")
+    ]
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == (
+        f"arn:aws:iam::{EKS_SHELL['ACCOUNT']}:role/codeq-jobs"
+    )
+
+    # Alone, over the chart's defaults, the same file installs the 7B (the page's step up).
+    with helm.Chart.load(CHART) as chart:
+        alone = chart.render(values=mine, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    assert "model: Qwen/Qwen2.5-Coder-7B-Instruct" in alone["codeq/templates/configmap.yaml"]
+
+    text = EKS_DOC.read_text()
+    for path in re.findall(r"-f (helm/codeq/ci/[a-z0-9-]+\.yaml)", text):
+        assert (REPO / path).is_file(), path
+    daemonsets = {o["metadata"]["name"] for o in found if o["kind"] == "DaemonSet"}
+    assert set(re.findall(r"\bds/([a-z0-9-]+)", text)) <= daemonsets
+    round_yaml = yaml.safe_load((REPO / "argo" / "round.yaml").read_text())
+    assert (
+        round_yaml["spec"]["workflowTemplateRef"]["name"]
+        == workflow_template("first-run")["metadata"]["name"]
+    )
+
+    (flag,) = re.findall(r"--labels=(\S+)", text)
+    labels = dict(pair.split("=", 1) for pair in flag.split(","))
+    (policy,) = [
+        o for o in found if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-jobs")
+    ]
+    assert labels == policy["spec"]["podSelector"]["matchLabels"]
+    pod_labels = stage_jobs("first-run")["collect"]["spec"]["template"]["metadata"]["labels"]
+    assert labels.items() <= pod_labels.items()
