@@ -1,15 +1,21 @@
-"""Our engine against transformers' `generate`: same prompts, same batch, same new tokens, greedy.
+"""Every installed policy backend against transformers' `generate`: same prompts, same batch,
+same new tokens, greedy.
 
-Two arms per case, on the same token ids:
-  engine    `PolicyEngine.generate` (continuous batching; each distinct prompt read once and its
-            KV kept once for all its samples)
-  generate  `model.generate` on the same ids, left-padded, greedy, the same stop tokens
+One arm per backend (`policy.backend`, codeq/policy/backends.py; `--backends`, default every
+one that can run here) and `generate`, on the same token ids:
+  engine        `PolicyEngine.generate` (CodeQ's continuous batching; each distinct prompt read
+                once and its KV kept once for all its samples)
+  transformers  transformers' continuous batching (`TransformersPolicy`, over the same loaded
+                model: paged cache, a request's samples forked from its prompt's blocks)
+  vllm          vLLM (CUDA and the vllm extra only; its own copy of the model)
+  generate      `model.generate` on the same ids, left-padded, greedy, the same stop tokens
 
 Cases: batch sizes 1, 8, 32 (64 on CUDA) of distinct DebugBench repair prompts (~400-1500
 tokens, built by CodeQ's own prompt builder; the builtin tasks when no DebugBench folder is
 found), and K samples of a few prompts (`--siblings 4x8`: the generate arm gets each prompt K
-times, as `num_return_sequences` would). The arms alternate engine, generate, generate, engine
-(ABBA) so a machine that speeds up or slows down weighs on both alike; medians are reported.
+times, as `num_return_sequences` would). The arms run in order, then in reverse order (ABBA:
+engine, generate, generate, engine with two arms) so a machine that speeds up or slows down
+weighs on all alike; medians are reported.
 
 For each arm:
   tokens/s  generated tokens (each row up to and including its stop token) / wall time of the
@@ -26,16 +32,18 @@ For each arm:
             needed on top of the loaded weights
 
 Parity: every case's outputs are compared token for token (texts and stop lengths). In float32
-they must be equal (asserted). In bf16 neither implementation is stable under a change of batch
+they must be equal (asserted for engine and transformers; vLLM's kernels are its own, so its
+agreement is reported). In bf16 neither implementation is stable under a change of batch
 composition (matmuls over 8 or 32 rows round differently from matmuls over 1), so the timed
 bf16 runs report their agreement, and the same cases are asserted in float32 on their first
 `--parity-rows` rows at the full token count, once per case, outside the timed runs.
 
-The ratio engine / generate (tokens/s) is printed last.
+The ratios backend / generate and the best backend of each case are printed last.
 
     python bench/generate.py                                # SmolLM2-135M
     python bench/generate.py --model /root/.cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
     python bench/generate.py --batches 1 8 --siblings 4x8 --new-tokens 256 --json out.json
+    python bench/generate.py --backends engine transformers   # a subset of the backends
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,8 +194,9 @@ def cut_at_stop(ids: Sequence[int], stops: set[int]) -> list[int]:
 
 
 def run_engine(engine: Any, case: Case, new_tokens: int) -> Run:
-    """The engine arm: one request per distinct prompt, `samples` samples each, greedy, no
-    stop but EOS (as `generate`). The prefix cache starts empty."""
+    """A backend's arm (the engine or any other policy backend): one request per distinct
+    prompt, `samples` samples each, greedy, no stop but EOS (as `generate`). The prefix cache
+    starts empty."""
     from codeq.policy import GenerationRequest
 
     engine.clear_prefix_cache()
@@ -238,7 +247,14 @@ def run_generate(engine: Any, case: Case, new_tokens: int) -> Run:
     return Run(rows, seconds, memory.peak_mib, int(batch["input_ids"].numel()), cpu)
 
 
-ARMS: dict[str, Callable[[Any, Case, int], Run]] = {"engine": run_engine, "generate": run_generate}
+GENERATE = "generate"
+
+
+def run_arm(arm: str, policies: dict[str, Any], case: Case, new_tokens: int) -> Run:
+    """`generate` runs on the engine's model; every other arm is the backend of that name."""
+    if arm == GENERATE:
+        return run_generate(policies["engine"], case, new_tokens)
+    return run_engine(policies[arm], case, new_tokens)
 
 
 # ---------------------------------------------------------------- comparing
@@ -274,7 +290,8 @@ class CaseResult:
     runs: dict[str, list[Run]] = field(default_factory=dict)
     first_token: dict[str, list[float]] = field(default_factory=dict)
     first_token_cpu: dict[str, list[float]] = field(default_factory=dict)
-    agreement: dict[str, Any] = field(default_factory=dict)
+    agreement: dict[str, Any] = field(default_factory=dict)  # the engine's
+    agreements: dict[str, dict[str, Any]] = field(default_factory=dict)  # every backend's
     parity: str = ""
 
     def median(self, arm: str, what: str) -> float:
@@ -296,8 +313,16 @@ class CaseResult:
             return statistics.median(r.prompt_tokens_read for r in runs)
         raise KeyError(what)
 
-    def ratio(self, what: str = "tokens_per_s") -> float:
-        return self.median("engine", what) / self.median("generate", what)
+    def ratio(self, what: str = "tokens_per_s", arm: str = "engine") -> float:
+        return self.median(arm, what) / self.median(GENERATE, what)
+
+    @property
+    def backends(self) -> list[str]:
+        return [arm for arm in self.runs if arm != GENERATE]
+
+    def best(self, what: str = "tokens_per_cpu_s") -> str:
+        """The arm (`generate` included) with the highest median `what`."""
+        return max(self.runs, key=lambda arm: self.median(arm, what))
 
     def summary(self) -> dict[str, Any]:
         arms = {
@@ -323,48 +348,71 @@ class CaseResult:
             "ratio_tokens_per_s": self.ratio(),
             "ratio_tokens_per_cpu_s": self.ratio("tokens_per_cpu_s"),
             "ratio_decode_tokens_per_cpu_s": self.ratio("decode_tokens_per_cpu_s"),
+            "ratios": {
+                arm: {
+                    what: self.ratio(what, arm)
+                    for what in ("tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_cpu_s")
+                }
+                for arm in self.backends
+            },
+            "best_tokens_per_s": self.best("tokens_per_s"),
+            "best_tokens_per_cpu_s": self.best("tokens_per_cpu_s"),
             "agreement": self.agreement,
+            "agreements": self.agreements,
             "parity": self.parity,
         }
 
 
-def abba(repeats: int) -> list[str]:
-    """engine, generate, generate, engine, ... (`repeats` runs of each arm)."""
+def abba(repeats: int, arms: Sequence[str] = ("engine", GENERATE)) -> list[str]:
+    """The arms in order, then in reverse order, ... (`repeats` runs of each arm): engine,
+    generate, generate, engine with two arms."""
     order: list[str] = []
     for index in range(repeats):
-        order += ["engine", "generate"] if index % 2 == 0 else ["generate", "engine"]
+        order += list(arms) if index % 2 == 0 else list(reversed(arms))
     return order
 
 
-def measure_case(engine: Any, case: Case, new_tokens: int, repeats: int) -> CaseResult:
+def measure_case(policies: dict[str, Any], case: Case, new_tokens: int, repeats: int) -> CaseResult:
+    """Every backend in `policies` and `generate` (on policies['engine']'s model), ABBA."""
+    arms = [*policies, GENERATE]
     result = CaseResult(case.name, case.rows)
-    for arm in abba(repeats):  # time to first token: the same calls, one new token
-        run = ARMS[arm](engine, case, 1)
+    for arm in abba(repeats, arms):  # time to first token: the same calls, one new token
+        run = run_arm(arm, policies, case, 1)
         result.first_token.setdefault(arm, []).append(run.seconds)
         result.first_token_cpu.setdefault(arm, []).append(run.cpu_seconds)
-    for arm in abba(repeats):
-        run = ARMS[arm](engine, case, new_tokens)
+    for arm in abba(repeats, arms):
+        run = run_arm(arm, policies, case, new_tokens)
         result.runs.setdefault(arm, []).append(run)
         print(
-            f"  {case.name:>12} {arm:>8}: {run.tokens / run.seconds:8.1f} tokens/s "
+            f"  {case.name:>12} {arm:>12}: {run.tokens / run.seconds:8.1f} tokens/s "
             f"({run.tokens} tokens in {run.seconds:.1f}s, {run.cpu_seconds:.1f} CPU-s, peak "
             f"{run.peak_mib:.0f} MiB)",
             file=sys.stderr,
             flush=True,
         )
-    result.agreement = agreement(result.runs["engine"][0].rows, result.runs["generate"][0].rows)
+    theirs = result.runs[GENERATE][0].rows
+    result.agreement = agreement(result.runs["engine"][0].rows, theirs)
+    for arm in result.backends:
+        result.agreements[arm] = agreement(result.runs[arm][0].rows, theirs)
     return result
 
 
-def assert_parity_float32(engine32: Any, case: Case, rows: int, new_tokens: int) -> str:
-    """The case's first `rows` rows (whole prompts with all their samples) in float32: the
-    engine's greedy tokens must equal generate's."""
+PARITY_BACKENDS = ("engine", "transformers")  # vLLM's kernels differ: agreement reported only
+
+
+def assert_parity_float32(
+    policies32: dict[str, Any], case: Case, rows: int, new_tokens: int
+) -> str:
+    """The case's first `rows` rows (whole prompts with all their samples) in float32: each
+    backend's greedy tokens must equal generate's."""
     prompts = max(1, rows // case.samples)
     small = Case(case.name, case.messages[:prompts], case.samples)
-    ours = run_engine(engine32, small, new_tokens)
-    theirs = run_generate(engine32, small, new_tokens)
-    check_parity(f"{case.name} (float32)", ours.rows, theirs.rows)
-    return f"float32: {small.rows} rows x {new_tokens} tokens identical"
+    theirs = run_generate(policies32["engine"], small, new_tokens)
+    checked = [arm for arm in policies32 if arm in PARITY_BACKENDS]
+    for arm in checked:
+        ours = run_engine(policies32[arm], small, new_tokens)
+        check_parity(f"{case.name} {arm} (float32)", ours.rows, theirs.rows)
+    return f"float32: {small.rows} rows x {new_tokens} tokens identical ({', '.join(checked)})"
 
 
 # ---------------------------------------------------------------- decode-step profile
@@ -527,6 +575,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="BATCH",
         help="instead: profile decode steps of both arms at this batch, one step each in turn",
     )
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["engine", "transformers", "vllm"],
+        help="policy backends to run beside generate (default: every one that can run here; "
+        "the engine always runs, generate uses its model)",
+    )
     return parser.parse_args(argv)
 
 
@@ -542,6 +597,42 @@ def load_engine(args: argparse.Namespace, dtype: str, batch_size: int) -> Any:
         max_prompt_tokens=4096,
     )
     return PolicyEngine.load(config, seed=0)
+
+
+def backends(args: argparse.Namespace, engine: Any, found: list[Case]) -> dict[str, Any]:
+    """The engine and the other chosen backends, ready to generate `found`."""
+    from codeq.config import PolicyConfig
+    from codeq.policy.backends import available_backends
+
+    config = PolicyConfig(
+        model=args.model,
+        dtype=args.dtype,
+        batch_size=engine.batch_size,
+        max_prompt_tokens=4096,
+        max_new_tokens=max(args.new_tokens, 16),
+    )
+    chosen = args.backends or available_backends(config)
+    policies: dict[str, Any] = {"engine": engine}
+    if "transformers" in chosen:
+        policies["transformers"] = transformers_over(engine, found, args.new_tokens)
+    if "vllm" in chosen:
+        from codeq.policy.vllm_backend import VllmPolicy
+
+        vllm_config = config.model_copy(update={"backend": "vllm"})
+        policies["vllm"] = VllmPolicy.load(vllm_config, seed=0, gpu_memory_utilization=0.4)
+    return policies
+
+
+def transformers_over(engine: Any, found: list[Case], new_tokens: int) -> Any:
+    """The transformers backend over the engine's loaded model, its paged cache sized for the
+    largest case (every prompt and every row's new tokens, a block of slack a row)."""
+    from codeq.policy.transformers_backend import PAGE_TOKENS, TransformersPolicy
+
+    def tokens(case: Case) -> int:
+        prompts = sum(len(engine.encode_chat(m)) for m in case.messages)
+        return prompts + case.rows * (new_tokens + 2 * PAGE_TOKENS)
+
+    return TransformersPolicy(engine, cache_tokens=max(tokens(case) for case in found))
 
 
 def cases(args: argparse.Namespace, engine: Any) -> tuple[list[Case], str]:
@@ -584,14 +675,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     found, note = cases(args, engine)
     engine.batch_size = max(case.rows for case in found)
+    policies = backends(args, engine, found)
     print(
         f"generate bench: {args.model} on {machine()} ({engine.dtype}), {args.new_tokens} new "
-        f"tokens, greedy, {args.repeats} runs per arm (ABBA); prompts: {note}",
+        f"tokens, greedy, {args.repeats} runs per arm (ABBA); backends: {', '.join(policies)}; "
+        f"prompts: {note}",
         flush=True,
     )
-    engine32 = None
+    policies32 = None
     if args.parity_rows and str(engine.dtype) != "torch.float32":
         engine32 = load_engine(args, "float32", engine.batch_size)
+        policies32 = {"engine": engine32}
+        if "transformers" in policies:
+            policies32["transformers"] = transformers_over(engine32, found, args.new_tokens)
     results: list[CaseResult] = []
     for case in found:
         lengths = [len(engine.encode_chat(m)) for m in case.messages]
@@ -600,12 +696,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(median {statistics.median(lengths):.0f})",
             flush=True,
         )
-        result = measure_case(engine, case, args.new_tokens, args.repeats)
+        result = measure_case(policies, case, args.new_tokens, args.repeats)
         if str(engine.dtype) == "torch.float32":  # the timed runs are the parity check
-            check_parity(case.name, result.runs["engine"][0].rows, result.runs["generate"][0].rows)
-            result.parity = f"float32: all {case.rows} timed rows identical"
-        elif engine32 is not None:
-            result.parity = assert_parity_float32(engine32, case, args.parity_rows, args.new_tokens)
+            checked = [arm for arm in result.backends if arm in PARITY_BACKENDS]
+            for arm in checked:
+                check_parity(
+                    f"{case.name} {arm}", result.runs[arm][0].rows, result.runs[GENERATE][0].rows
+                )
+            result.parity = f"float32: all {case.rows} timed rows identical ({', '.join(checked)})"
+        elif policies32 is not None:
+            result.parity = assert_parity_float32(
+                policies32, case, args.parity_rows, args.new_tokens
+            )
         else:
             result.parity = "not checked (--parity-rows 0)"
         results.append(result)
@@ -615,6 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "model": args.model,
                 "machine": machine(),
                 "dtype": str(engine.dtype),
+                "backends": list(policies),
                 "new_tokens": args.new_tokens,
                 "repeats": args.repeats,
                 "prompts": note,
@@ -626,31 +729,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def print_case(result: CaseResult, dtype: str) -> None:
-    for arm in ("engine", "generate"):
+    for arm in result.runs:
         print(
-            f"  {arm:>8}: {result.median(arm, 'tokens_per_s'):8.1f} tokens/s  "
+            f"  {arm:>12}: {result.median(arm, 'tokens_per_s'):8.1f} tokens/s  "
             f"{result.median(arm, 'tokens_per_cpu_s'):8.1f} tokens/CPU-s  "
             f"{result.median(arm, 'decode_tokens_per_cpu_s'):8.1f} decode tokens/CPU-s  "
             f"TTFT {result.median(arm, 'ttft_s'):6.2f}s  peak {result.median(arm, 'peak_mib'):7.0f} "
             f"MiB  prompt tokens read {result.median(arm, 'prompt_tokens_read'):.0f}",
             flush=True,
         )
-    agree = result.agreement
-    print(
-        f"  {dtype} agreement: {agree['identical_rows']}/{agree['rows']} rows identical, "
-        f"{agree['mean_common_prefix']:.0f} tokens before the first difference on average; "
-        f"parity {result.parity}",
-        flush=True,
-    )
+    for arm, agree in result.agreements.items():
+        print(
+            f"  {dtype} agreement {arm} / generate: {agree['identical_rows']}/{agree['rows']} "
+            f"rows identical, {agree['mean_common_prefix']:.0f} tokens before the first "
+            "difference on average",
+            flush=True,
+        )
+    print(f"  parity {result.parity}", flush=True)
 
 
 def print_ratios(results: list[CaseResult]) -> None:
-    parts = [
-        f"{r.case}: {r.ratio():.2f}x ({r.ratio('tokens_per_cpu_s'):.2f}x per CPU-second, "
-        f"decode steps alone {r.ratio('decode_tokens_per_cpu_s'):.2f}x)"
+    """One line a backend (its ratios to generate, case by case), then the best arm of each
+    case per CPU-second and per wall second."""
+    for arm in results[0].backends:
+        parts = [
+            f"{r.case}: {r.ratio('tokens_per_s', arm):.2f}x ("
+            f"{r.ratio('tokens_per_cpu_s', arm):.2f}x per CPU-second, decode steps alone "
+            f"{r.ratio('decode_tokens_per_cpu_s', arm):.2f}x)"
+            for r in results
+        ]
+        print(f"ratio {arm} / generate (tokens/s, medians): " + ", ".join(parts), flush=True)
+    best = [
+        f"{r.case}: {r.best('tokens_per_cpu_s')} per CPU-second, {r.best('tokens_per_s')} per "
+        "second"
         for r in results
     ]
-    print("ratio engine / generate (tokens/s, medians): " + ", ".join(parts), flush=True)
+    print("best: " + "; ".join(best), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ config.json values are written below; no weights are needed), with a tokenizer m
 token a letter, ChatML template, Qwen's special-token ids), saved once as a model
 folder so that every arm loads it the way production loads a checkpoint.
 
-(a) generation: the engine (`PolicyEngine.generate`) against `model.generate`, same prompts
-    (400-1500 tokens), greedy, 256 new tokens, batch 1/16/64, with bf16 weights and with 4-bit
-    NF4 weights (bitsandbytes, the default on CUDA); tokens/s, time to first token, peak
-    memory, and the batch-1 decode rate as a fraction of the memory-bandwidth bound (weight
-    bytes read a step / HBM bandwidth of the device);
+(a) generation: every policy backend that can run here (the engine, transformers' continuous
+    batching, vLLM where installed; codeq/policy/backends.py) against `model.generate`, same
+    prompts (400-1500 tokens, so the time to first token is the prompt-reading rate), greedy,
+    256 new tokens, batch 1/16/64 and 8 prompts x 8 samples, ABBA, with bf16 weights, with
+    4-bit NF4 weights (bitsandbytes, the default on CUDA) and with FP8 weights (vLLM's fp8,
+    vLLM alone); tokens/s, time to first token, peak memory, the best backend of each case,
+    and the batch-1 decode rate as a fraction of the memory-bandwidth bound (weight bytes
+    read a step / HBM bandwidth of the device);
 (b) one DPO optimizer step through `codeq.train.dpo.build_trainer` (TRL DPOTrainer, LoRA r32
     alpha 64 on the 7 projections, pairs of 2048 tokens, effective batch 16 = 2 pairs x 8
     accumulation steps): LoRA on bf16 weights (the default precision), LoRA on fp32 weights
@@ -49,12 +52,17 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
 from generate import (  # noqa: E402
+    GENERATE,
+    PARITY_BACKENDS,
     Case,
+    CaseResult,
     PeakMemory,
     agreement,
     check_parity,
     machine,
     measure_case,
+    run_engine,
+    transformers_over,
 )
 
 # config.json of Qwen/Qwen2.5-Coder-7B-Instruct (checked against the published file)
@@ -133,6 +141,7 @@ class Settings:
     per_device_pairs: int
     accumulation: int
     repeats: int
+    siblings: tuple[int, int] = (8, 8)  # prompts x samples each
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -149,6 +158,7 @@ def settings(args: argparse.Namespace) -> Settings:
             per_device_pairs=2,
             accumulation=2,
             repeats=args.repeats or 1,
+            siblings=(2, 3),
         )
     return Settings(
         tiny=False,
@@ -296,8 +306,12 @@ class Row:
 
 
 def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]:
+    """(a) for one weight format: every backend that can run it and `generate`, ABBA, on
+    batches of distinct prompts and on `run.siblings` (K samples of a few prompts). FP8 is
+    vLLM's alone (the engine and transformers refuse it), so that part has no `generate` arm."""
     from codeq.config import PolicyConfig
     from codeq.policy import PolicyEngine
+    from codeq.policy.backends import available_backends
 
     dtype = "float32" if run.tiny else "bfloat16"
     config = PolicyConfig(
@@ -305,16 +319,33 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
         device=run.device,  # type: ignore[arg-type]
         dtype=dtype,  # type: ignore[arg-type]
         quantization=quantization,  # type: ignore[arg-type]
-        batch_size=max(run.batches),
+        batch_size=max(max(run.batches), run.siblings[0] * run.siblings[1]),
         max_prompt_tokens=4096,
+        max_new_tokens=max(run.new_tokens, 16),
         prefix_cache_tokens=0,
     )
-    engine = PolicyEngine.load(config, seed=0)
-    label = "NF4" if quantization == "nf4" else dtype.replace("bfloat16", "bf16")
-    read_bytes = weight_bytes(engine.model)
+    label = {"nf4": "NF4", "fp8": "FP8"}.get(quantization, dtype.replace("bfloat16", "bf16"))
+    names = available_backends(config)
+    policies: dict[str, Any] = {}
+    if quantization != "fp8":
+        policies["engine"] = PolicyEngine.load(config, seed=0)
+    prompts = chat_prompts(max([*run.batches, run.siblings[0]]), run.prompt_lengths)
+    found = [Case(f"batch {b}", prompts[:b]) for b in run.batches]
+    found.append(Case(f"{run.siblings[0]}x{run.siblings[1]} siblings", *siblings(run, prompts)))
+    if "engine" in policies and "transformers" in names:
+        policies["transformers"] = transformers_over(policies["engine"], found, run.new_tokens)
+    if "vllm" in names:
+        from codeq.policy.vllm_backend import VllmPolicy
+
+        share = 0.85 if "engine" not in policies else 0.45  # beside the engine's copy
+        vllm_config = config.model_copy(update={"backend": "vllm"})
+        policies["vllm"] = VllmPolicy.load(vllm_config, seed=0, gpu_memory_utilization=share)
+    if not policies:
+        return [Row("(a) generate", f"vllm {label}", "", None, "tok/s", note=VLLM_MISSING)]
+    first = next(iter(policies.values()))
+    read_bytes = weight_bytes(policies["engine"].model) if "engine" in policies else None
     limit = bandwidth(device_name(run))
-    prompts = chat_prompts(max(run.batches), run.prompt_lengths)
-    encoded = [len(engine.encode_chat(m)) for m in prompts]
+    encoded = [len(first.encode_chat(m)) for m in prompts]
     short = [
         len(m[0].content) for m, n in zip(prompts, encoded, strict=True) if n < len(m[0].content)
     ]
@@ -324,54 +355,86 @@ def generation_rows(run: Settings, folder: Path, quantization: str) -> list[Row]
             "the model folder's tokenizer does not give one token a letter"
         )
     rows = []
-    for batch in run.batches:
-        case = Case(f"batch {batch}", prompts[:batch])
-        prompt_tokens = statistics.mean(encoded[:batch])
-        result = measure_case(engine, case, run.new_tokens, run.repeats)
-        ours, theirs = result.runs["engine"][0].rows, result.runs["generate"][0].rows
-        if run.tiny:  # float32: the timed outputs must be equal
-            check_parity(f"{label} {case.name}", ours, theirs)
-        agree = agreement(ours, theirs)
-        for arm in ("engine", "generate"):
-            tokens_per_s = result.median(arm, "tokens_per_s")
-            note = ""
-            if batch == 1:
-                decode = decode_rate(result, arm)
-                bound = limit / read_bytes if limit else None
-                if decode is None:
-                    note = "decode rate not separable: the run took no longer than its TTFT"
-                else:
-                    note = f"decode {decode:.1f} tok/s" + (
-                        f" = {decode / bound:.0%} of the bandwidth bound {bound:.0f} tok/s "
-                        f"({read_bytes / 1e9:.2f} GB a step)"
-                        if bound
-                        else " (no bandwidth figure for this device)"
-                    )
-            if arm == "engine":
-                note = "; ".join(
-                    filter(None, [note, f"{agree['identical_rows']}/{agree['rows']} rows equal"])
-                )
+    for case in found:
+        prompt_tokens = statistics.mean(encoded[: len(case.messages)])
+        result = measure_arms(policies, case, run.new_tokens, run.repeats)
+        reference = result.runs.get(GENERATE)
+        for arm in result.runs:
+            ours = result.runs[arm][0].rows
+            if run.tiny and reference is not None and arm in PARITY_BACKENDS:
+                check_parity(f"{label} {case.name} {arm}", ours, reference[0].rows)
+            notes = []
+            if case.samples == 1 and len(case.messages) == 1:
+                notes.append(batch1_note(result, arm, read_bytes, limit))
+            if arm != GENERATE and reference is not None:
+                agree = agreement(ours, reference[0].rows)
+                notes.append(f"{agree['identical_rows']}/{agree['rows']} rows equal generate's")
+            ratio = ""
+            if arm != GENERATE and reference is not None:
+                ratio = f"{arm}/generate {result.ratio('tokens_per_s', arm):.2f}x"
             rows.append(
                 Row(
                     "(a) generate",
                     f"{arm} {label}",
-                    f"batch {batch}",
-                    tokens_per_s,
+                    case.name,
+                    result.median(arm, "tokens_per_s"),
                     "tok/s",
                     ttft_s=result.median(arm, "ttft_s"),
                     peak_gib=result.median(arm, "peak_mib") / 1024,
-                    ratio=f"engine/generate {result.ratio():.2f}x" if arm == "engine" else "",
-                    note=note,
+                    ratio=ratio,
+                    note="; ".join(filter(None, notes)),
                     extra={
-                        "runs": result.summary(),
+                        "runs": result.summary() if reference is not None else None,
                         "weight_bytes": read_bytes,
                         "mean_prompt_tokens": prompt_tokens,
+                        "rows": case.rows,
+                        "prompt_tokens_read": result.median(arm, "prompt_tokens_read"),
                     },
                 )
             )
-    del engine
+        if reference is not None:
+            best = result.best("tokens_per_s")
+            rows[-1].note = "; ".join(filter(None, [rows[-1].note, f"best of the case: {best}"]))
+    del policies
     free_memory()
     return rows
+
+
+VLLM_MISSING = "vllm not installed or no CUDA here: FP8 needs it"
+
+
+def siblings(run: Settings, prompts: list[Any]) -> tuple[list[Any], int]:
+    count, samples = run.siblings
+    return prompts[:count], samples
+
+
+def measure_arms(policies: dict[str, Any], case: Case, new_tokens: int, repeats: int) -> Any:
+    """`measure_case` with `generate` when the engine is loaded (its model is generate's);
+    without it (FP8: vLLM alone) each backend's runs, in order."""
+    if "engine" in policies:
+        return measure_case(policies, case, new_tokens, repeats)
+    result = CaseResult(case.name, case.rows)
+    for arm in policies:
+        for _ in range(repeats):
+            first = run_engine(policies[arm], case, 1)
+            result.first_token.setdefault(arm, []).append(first.seconds)
+            result.first_token_cpu.setdefault(arm, []).append(first.cpu_seconds)
+            result.runs.setdefault(arm, []).append(run_engine(policies[arm], case, new_tokens))
+    return result
+
+
+def batch1_note(result: Any, arm: str, read_bytes: int | None, limit: float | None) -> str:
+    """The batch-1 decode rate, and its share of the memory-bandwidth bound."""
+    decode = decode_rate(result, arm)
+    if decode is None:
+        return "decode rate not separable: the run took no longer than its TTFT"
+    if not limit or not read_bytes:
+        return f"decode {decode:.1f} tok/s (no bandwidth figure for this device or weights)"
+    bound = limit / read_bytes
+    return (
+        f"decode {decode:.1f} tok/s = {decode / bound:.0%} of the bandwidth bound {bound:.0f} "
+        f"tok/s ({read_bytes / 1e9:.2f} GB a step)"
+    )
 
 
 def decode_rate(result: Any, arm: str) -> float | None:
@@ -522,32 +585,29 @@ class RoundWork:
 
 
 def projection_rows(rows: list[Row], work: RoundWork, batch: int) -> list[Row]:
-    """Collect time from the engine's tokens/s and prompt-reading rate at `batch`, train time
-    from the measured DPO step; NF4 is what CUDA samples and trains with by default."""
-
-    def find(part: str, arm: str, setting: str) -> Row | None:
-        return next(
-            (
-                r
-                for r in rows
-                if r.part == part and r.arm == arm and r.setting == setting and r.value
-            ),
-            None,
-        )
-
-    generate = (
-        find("(a) generate", "engine NF4", f"batch {batch}")
-        or find("(a) generate", "engine bf16", f"batch {batch}")
-        or find("(a) generate", "engine float32", f"batch {batch}")
-    )
+    """Collect time from the fastest backend's tokens/s and prompt-reading rate at `batch`
+    (any weight format measured; `generate` is not a backend), train time from the measured
+    DPO step (QLoRA on NF4, what CUDA trains with by default, else LoRA bf16)."""
+    measured = [
+        r
+        for r in rows
+        if r.part == "(a) generate"
+        and r.setting == f"batch {batch}"
+        and r.value
+        and r.ttft_s
+        and not r.arm.startswith("generate")
+    ]
+    generate = max(measured, key=lambda r: r.value or 0.0, default=None)
     train = next(
         (r for r in rows if r.part == "(b) DPO step" and r.value and r.arm.startswith("QLoRA")),
         None,
     ) or next(
         (r for r in rows if r.part == "(b) DPO step" and r.value and r.arm == "LoRA bf16"), None
     )
-    if generate is None or train is None or generate.ttft_s is None:
+    if generate is None or train is None or not generate.ttft_s or not generate.value:
         return [Row("(c) round", "projection", "", None, "h", note="needs (a) and (b) numbers")]
+    if not train.value:
+        return [Row("(c) round", "projection", "", None, "h", note="needs (b) numbers")]
     prompt_rate = batch * generate.extra["mean_prompt_tokens"] / generate.ttft_s
     generated = work.rewrites_per_task * (work.rewrite_tokens + work.critique_tokens)
     per_task = generated / generate.value + work.prompt_tokens_read_per_task / prompt_rate
@@ -642,6 +702,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "DPO step, takes about two minutes on an H100 by estimate)",
     )
     parser.add_argument("--work-dir", help="where the model folder goes (default: a temp dir)")
+    parser.add_argument(
+        "--no-nf4", action="store_true", help="skip the NF4 parts (no bitsandbytes installed)"
+    )
     parser.add_argument("--json", help="also write every number here")
     parser.add_argument("--markdown", help="also write the table here")
     parser.add_argument(
@@ -661,8 +724,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     nf4_reason = (
-        "" if run.device == "cuda" else "NF4 skipped: bitsandbytes' 4-bit kernels are CUDA kernels"
+        ""
+        if run.device == "cuda"
+        else "NF4 and FP8 skipped: bitsandbytes' 4-bit kernels and FP8 are CUDA's"
     )
+    if args.no_nf4 and not nf4_reason:
+        nf4_reason = "NF4 and FP8 skipped: --no-nf4 (bitsandbytes not installed)"
     rows: list[Row] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
@@ -678,10 +745,11 @@ def main(argv: list[str] | None = None) -> int:
             parts += [("(a) bf16", lambda: generation_rows(run, folder, "none"))]
         if args.only != "generate":
             parts += [("(b) LoRA bf16", lambda: [one_dpo_step(run, folder, "bf16", "none")])]
-            if nf4:
-                parts += [("(b) QLoRA NF4", lambda: [one_dpo_step(run, folder, "bf16", "nf4")])]
         if args.only != "train" and nf4:
+            parts += [("(a) FP8", lambda: generation_rows(run, folder, "fp8"))]
             parts += [("(a) NF4", lambda: generation_rows(run, folder, "nf4"))]
+        if args.only != "generate" and nf4:
+            parts += [("(b) QLoRA NF4", lambda: [one_dpo_step(run, folder, "bf16", "nf4")])]
         if args.only != "generate":
             parts += [("(b) LoRA fp32", lambda: [one_dpo_step(run, folder, "fp32", "none")])]
         for name, measure in parts:

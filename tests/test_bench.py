@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +37,8 @@ gpu = load_bench("gpu")
 def test_arms_alternate_engine_generate_generate_engine():
     assert generate.abba(2) == ["engine", "generate", "generate", "engine"]
     assert generate.abba(3) == ["engine", "generate", "generate", "engine", "engine", "generate"]
+    arms = ["engine", "transformers", "generate"]
+    assert generate.abba(2, arms) == [*arms, *reversed(arms)]
 
 
 def test_rows_end_at_their_stop_token_and_parity_fails_on_any_difference():
@@ -51,25 +54,35 @@ def test_rows_end_at_their_stop_token_and_parity_fails_on_any_difference():
     }
 
 
-def test_generate_bench_checks_parity_and_prints_the_ratio_last(tiny_model_dir, tmp_path, capsys):
-    """float32 on the tiny model: the timed outputs of both arms must be equal; the siblings
-    case reads each prompt once in the engine and once per sample in generate."""
+def test_generate_bench_checks_parity_and_prints_the_ratios_last(tiny_model_dir, tmp_path, capsys):
+    """float32 on the tiny model, every backend that runs on a CPU and generate: the timed
+    outputs must be equal; the siblings case reads each prompt once in the backends and once
+    per sample in generate; the last lines give each backend's ratios and each case's best."""
     out = tmp_path / "generate.json"
     args = ["--model", str(tiny_model_dir), "--batches", "1", "3", "--siblings", "2x3"]
     args += ["--new-tokens", "6", "--dtype", "float32", "--source", "builtin", "--json", str(out)]
     assert generate.main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1].startswith("ratio engine / generate")
-    assert all(case in lines[-1] for case in ("batch 1", "batch 3", "2x3 siblings"))
-    assert "decode steps alone" in lines[-1]
-    cases = {case["case"]: case for case in json.loads(out.read_text())["cases"]}
-    assert all("identical" in case["parity"] for case in cases.values())
+    assert lines[-3].startswith("ratio engine / generate")
+    assert lines[-2].startswith("ratio transformers / generate")
+    assert lines[-1].startswith("best: batch 1: ")
+    for line in lines[-3:]:
+        assert all(case in line for case in ("batch 1", "batch 3", "2x3 siblings"))
+    assert "decode steps alone" in lines[-2]
+    summary = json.loads(out.read_text())
+    assert summary["backends"] == ["engine", "transformers"]
+    cases = {case["case"]: case for case in summary["cases"]}
+    assert all("identical (engine, transformers)" in case["parity"] for case in cases.values())
     siblings = cases["2x3 siblings"]["arms"]
-    assert (
-        siblings["engine"]["prompt_tokens_read"] * 3 <= siblings["generate"]["prompt_tokens_read"]
-    )
-    assert cases["batch 3"]["agreement"]["identical_rows"] == 3
-    for arm in ("engine", "generate"):  # the decode steps alone: the TTFT call's CPU taken off
+    for arm in ("engine", "transformers"):
+        assert siblings[arm]["prompt_tokens_read"] * 3 <= siblings["generate"]["prompt_tokens_read"]
+        assert cases["batch 3"]["agreements"][arm]["identical_rows"] == 3
+    assert cases["batch 3"]["best_tokens_per_cpu_s"] in ("engine", "transformers", "generate")
+    for arm in (
+        "engine",
+        "transformers",
+        "generate",
+    ):  # the decode steps alone: the TTFT call's CPU taken off
         batch3 = cases["batch 3"]["arms"][arm]
         assert len(batch3["ttft_runs_cpu_s"]) == 2 and batch3["decode_tokens_per_cpu_s"] > 0
 
@@ -155,7 +168,9 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
         command = [sys.executable, str(BENCH / "gpu.py"), "--tiny", *args]
         result = subprocess.run(command, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
-        assert "NF4 skipped: bitsandbytes' 4-bit kernels are CUDA kernels" in result.stdout
+        assert (
+            "NF4 and FP8 skipped: bitsandbytes' 4-bit kernels and FP8 are CUDA's" in result.stdout
+        )
         return result
 
     first, second = tmp_path / "generate.json", tmp_path / "all.json"
@@ -163,9 +178,9 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     result = bench("--only", "train", "--with-json", str(first), "--json", str(second))
     rows = json.loads(second.read_text())
     arms = {(r["part"], r["arm"], r["setting"]) for r in rows if r["value"]}
-    for batch in (1, 4):
-        for arm in ("engine", "generate"):
-            assert ("(a) generate", f"{arm} float32", f"batch {batch}") in arms
+    for setting in ("batch 1", "batch 4", "2x3 siblings"):
+        for arm in ("engine", "transformers", "generate"):
+            assert ("(a) generate", f"{arm} float32", setting) in arms
     assert {r["arm"] for r in rows if r["part"] == "(b) DPO step" and r["value"]} == {
         "LoRA bf16",
         "LoRA fp32",
@@ -275,3 +290,21 @@ def test_resume_determinism_finds_resumed_searches_identical(tiny_model_dir, tmp
     assert found["tasks"] == 5 and found["uninterrupted_twice_identical"] is True
     assert len(found["resumed_identical_per_task"]) == 2
     assert found["resumed_identical"] == 2
+
+
+def test_the_device_script_runs_gpu_bench_with_arguments_it_accepts(tmp_path):
+    """bench/device_check.sh: its bench/gpu.py call parses, and without a GPU it stops at once
+    with gpu.py's error, having written what machine it ran on."""
+    script = (BENCH / "device_check.sh").read_text()
+    call = re.search(r"timeout 540 \S+ bench/gpu.py (.*?) >", script.replace("\\\n", " "))
+    arguments = call.group(1).replace('"$out/', str(tmp_path) + "/").replace('"', "").split()
+    arguments = [a for a in arguments if not a.startswith("${")]
+    args = gpu.parse_args(arguments)
+    assert (args.new_tokens, args.budget_s, args.tiny) == (128, 420, False)
+    environment = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(BENCH / "device_check.sh")], capture_output=True, text=True, env=environment
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: no CUDA device" in (tmp_path / "gpu.log").read_text()
+    assert "torch" in (tmp_path / "machine.txt").read_text()

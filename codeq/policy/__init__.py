@@ -1,5 +1,6 @@
 """The policy: model loading, batched generation, prompts, program extraction, critique."""
 
+from codeq.policy.backends import BACKENDS, check_backend, load_policy, resolve_backend
 from codeq.policy.engine import (
     GenerationRequest,
     GenerationResult,
@@ -11,10 +12,14 @@ from codeq.policy.engine import (
 )
 
 __all__ = [
+    "BACKENDS",
     "GenerationRequest",
     "GenerationResult",
     "PolicyEngine",
+    "check_backend",
     "cpu_supports_bf16",
+    "load_policy",
+    "resolve_backend",
     "resolve_device",
     "resolve_dtype",
     "resolve_quantization",

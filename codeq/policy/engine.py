@@ -81,6 +81,7 @@ def resolve_dtype(config: PolicyConfig, device: str) -> Any:
 
 
 def resolve_quantization(config: PolicyConfig, device: str) -> str:
+    """'none', 'nf4' or 'fp8' ('fp8' only the vllm backend loads: the engine refuses it)."""
     if config.quantization == "auto":
         return "nf4" if device == "cuda" else "none"
     if config.quantization == "nf4" and device != "cuda":
@@ -96,6 +97,8 @@ def resolve_quantization(config: PolicyConfig, device: str) -> str:
 
 class PolicyEngine:
     """A loaded model and tokenizer; `generate` is batched and preserves request order."""
+
+    backend = "engine"
 
     def __init__(
         self,
@@ -132,6 +135,11 @@ class PolicyEngine:
 
         device = resolve_device(config)
         quantization = resolve_quantization(config, device)
+        if quantization == "fp8":
+            raise ConfigError(
+                "policy.quantization 'fp8' needs policy.backend 'vllm' (vLLM's fp8 method)",
+                hint="set policy.quantization to 'auto', 'nf4' or 'none', or use vllm on CUDA",
+            )
         dtype = resolve_dtype(config, device)
         path = resolve_model_source(config.model, config.cache_dir)
         if seed is not None:
@@ -154,14 +162,7 @@ class PolicyEngine:
         if config.adapter:
             model = _apply_adapter(model, config.adapter)
         model.eval()
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        if tokenizer.chat_template is None:
-            raise ModelLoadError(
-                f"the tokenizer of {config.model} has no chat template",
-                hint="use an instruction-tuned model (its tokenizer defines a chat template)",
-            )
+        prepare_tokenizer(tokenizer, config.model)
         log.info("policy %s on %s (%s, quantization=%s)", config.model, device, dtype, quantization)
         return cls(
             model,
@@ -187,14 +188,7 @@ class PolicyEngine:
     def encode_chat(self, messages: Sequence[ChatMessage], prefix: str = "") -> list[int]:
         """Token ids of the chat prompt (template + generation prompt + the answer's `prefix`),
         cut from the top."""
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        rendered += prefix
-        ids: list[int] = self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
-        return ids[-self.max_prompt_tokens :]
+        return encode_chat(self.tokenizer, messages, prefix, self.max_prompt_tokens)
 
     # -------------------------------------------------------------- generation
 
@@ -284,6 +278,33 @@ class PolicyEngine:
 
 MIN_SHARED_PREFIX = 64  # tokens; shorter shared prefixes are not worth a separate read
 READ_BATCH_TOKENS = 4096  # padded tail tokens read in one forward
+
+
+def prepare_tokenizer(tokenizer: Any, model: str) -> None:
+    """Left padding, a pad token, and a chat template (or ModelLoadError)."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ModelLoadError(
+            f"the tokenizer of {model} has no chat template",
+            hint="use an instruction-tuned model (its tokenizer defines a chat template)",
+        )
+
+
+def encode_chat(
+    tokenizer: Any, messages: Sequence[ChatMessage], prefix: str, max_tokens: int
+) -> list[int]:
+    """Token ids of the chat prompt (template + generation prompt + the answer's `prefix`),
+    cut from the top to `max_tokens`."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    rendered += prefix
+    ids: list[int] = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return ids[-max_tokens:]
 
 
 def nf4_config(dtype: Any) -> Any:

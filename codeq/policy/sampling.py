@@ -62,3 +62,41 @@ def _draw(weights: Any, uniforms: Any) -> Any:
     targets = uniforms.to(cumulative.dtype) * cumulative[:, -1:]
     columns = torch.searchsorted(cumulative, targets, right=True)
     return columns.clamp_(max=weights.shape[-1] - 1)
+
+
+def sample_rows(logits: Any, temperatures: list[float], top_ps: list[float], uniforms: Any) -> Any:
+    """One token per row, each row with its own temperature and top-p: the rows of each
+    distinct (temperature, top-p) go through `sample_tokens` together, so a row draws exactly
+    as the engine's stream draws it from the same logits and uniform. Host-side grouping:
+    not for a captured CUDA graph (see `sample_rows_static`)."""
+    import torch
+
+    groups: dict[tuple[float, float], list[int]] = {}
+    for row, key in enumerate(zip(temperatures, top_ps, strict=True)):
+        groups.setdefault(key, []).append(row)
+    if len(groups) == 1:
+        [(temperature, top_p)] = groups
+        return sample_tokens(logits, temperature, top_p, uniforms)
+    chosen = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for (temperature, top_p), rows in groups.items():
+        index = torch.tensor(rows, device=logits.device)
+        chosen[index] = sample_tokens(logits[index], temperature, top_p, uniforms[index])
+    return chosen
+
+
+def sample_rows_static(logits: Any, temperatures: Any, top_ps: Any, uniforms: Any) -> Any:
+    """`sample_rows` with the settings as tensors and no branch on their values (what a
+    captured CUDA graph replays): greedy where the temperature is 0, else a draw from the
+    nucleus of the whole sorted vocabulary. The distribution is `sample_tokens`'s; the token
+    a uniform maps to can differ at top-p 1, where `sample_tokens` inverts the unsorted
+    distribution."""
+    import torch
+
+    greedy = temperatures <= 0
+    safe = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    probabilities = (logits.float() / safe[:, None]).softmax(dim=-1)
+    ordered, ids = probabilities.sort(dim=-1, descending=True)
+    before = ordered.cumsum(dim=-1) - ordered
+    nucleus = ordered.masked_fill(before > top_ps[:, None], 0.0)
+    drawn = ids.gather(-1, _draw(nucleus, uniforms[:, None])).squeeze(-1)
+    return torch.where(greedy, logits.argmax(dim=-1), drawn)

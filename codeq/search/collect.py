@@ -65,9 +65,9 @@ def collect(
     trajectories: list[Trajectory] = []
     if todo:
         if engine is None:
-            from codeq.policy import PolicyEngine
+            from codeq.policy import load_policy
 
-            engine = PolicyEngine.load(config.policy, seed=config.tasks.seed)
+            engine = load_policy(config.policy, seed=config.tasks.seed)
             if lineage is None and config.policy.adapter is None:
                 from codeq.train.lineage import base_lineage
 
