@@ -99,3 +99,14 @@ def test_a_tampered_file_or_other_settings_are_refused_naming_the_file(tmp_path)
     with pytest.raises(CorruptInputError, match="tasks built here differ"):
         store.put_bytes(manifest, b'{"files": {"other": 1}}\n')
         curve_rounds.check_tasks(store, results, 0, manifest)
+
+
+def test_every_committed_round_holds_the_files_its_round_json_lists():
+    """What a fresh clone has (a file git ignores would be missing there): each committed
+    round's files exist and match their sha256, so a fresh machine can continue from them."""
+    rounds = sorted((REPO / "docs" / "results").glob("*/rounds/round-*/round.json"))
+    assert rounds, "no committed rounds found"
+    for path in rounds:
+        entry = json.loads(path.read_text())
+        for key, recorded in entry["keys"].items():
+            curve_rounds.committed_content(path.parent, key, recorded)  # raises if not
