@@ -7,7 +7,8 @@ round) into `<results>/rounds/round-N/`: every object under `store/<its key>`, c
 xz (`<key>.xz`) where that saves a tenth or more, an object equal to one already copied stored
 once, and `round.json` listing each key with the sha256 and size of its content. The tasks (DebugBench
 itself) are left out: the curve's prepare stage builds them again, and `round.json` records the
-sha256 of their manifest, so tasks that came out different are caught.
+sha256 of each split file, so tasks that came out different are caught (prepare's report.json is
+not compared: it carries the times prepare took).
 
 `restore_rounds` puts committed rounds back into an empty store before the curve runs, so it
 continues after them instead of computing them again. A file whose content fails its sha256, or
@@ -26,6 +27,7 @@ from typing import Any
 ROUNDS_DIR = "rounds"
 ROUND_FILE = "round.json"
 SMALL_FILE_BYTES = 16 * 1024  # kept as they are: readable in a diff, little to gain
+TASK_FILES = ("train.jsonl", "validation.jsonl", "test.jsonl")  # what prepare must rebuild alike
 
 
 def effective_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +111,7 @@ def persist_round(
         "round": number,
         "runs": runs,
         "settings": effective_settings(settings),
-        "tasks_manifest_sha256": hashlib.sha256(store.get_bytes(tasks_manifest_key)).hexdigest(),
+        "tasks_sha256": task_files_sha256(store, tasks_manifest_key),
         "keys": keys,
     }
     (folder / ROUND_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
@@ -196,6 +198,12 @@ def restore_round(store: Any, results: Path, number: int, settings: dict[str, An
     return True
 
 
+def task_files_sha256(store: Any, tasks_manifest_key: str) -> dict[str, str]:
+    """The sha256 of each split file prepare wrote, read from its manifest."""
+    files = json.loads(store.get_bytes(tasks_manifest_key))["files"]
+    return {name: files[name]["sha256"] for name in TASK_FILES if name in files}
+
+
 def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str) -> None:
     """The tasks this machine's prepare built for a committed round must be the recorded ones."""
     from codeq.errors import CorruptInputError
@@ -203,11 +211,18 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
     path = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
     if not path.is_file():
         return
-    recorded = json.loads(path.read_text())["tasks_manifest_sha256"]
-    now = hashlib.sha256(store.get_bytes(tasks_manifest_key)).hexdigest()
-    if now != recorded:
+    recorded: dict[str, str] = json.loads(path.read_text())["tasks_sha256"]
+    now = task_files_sha256(store, tasks_manifest_key)
+    differing = sorted(
+        name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name)
+    )
+    if differing:
         raise CorruptInputError(
-            f"round {number}'s tasks built here differ from those {path} was made with "
-            f"(manifest sha256 {now[:12]}, recorded {recorded[:12]})",
+            f"round {number}'s tasks built here differ from those {path} was made with: "
+            + "; ".join(
+                f"{name} (sha256 {now.get(name, 'absent')[:12]} here, "
+                f"{recorded.get(name, 'absent')[:12]} recorded)"
+                for name in differing
+            ),
             hint="use the DebugBench copy the curve used (--source), or a new --results folder",
         )

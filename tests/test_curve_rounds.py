@@ -22,6 +22,12 @@ from codeq.store import open_store  # noqa: E402
 SETTINGS = {"search": {"seed": 0}, "promotion": {"guard_modes": [], "samples": 0}}
 
 
+def manifest_of(train: str, report: str) -> bytes:
+    """A prepare manifest: its split files' sha256, and report.json's (which holds timings)."""
+    files = {"train.jsonl": {"sha256": train * 32}, "report.json": {"sha256": report * 32}}
+    return json.dumps({"version": 1, "files": files}).encode()
+
+
 def store_with_a_round(root: Path):
     store = open_store(StoreConfig(uri=f"file://{root}"))
     trajectories = "".join(
@@ -29,7 +35,7 @@ def store_with_a_round(root: Path):
     )
     objects = {
         "runs/curve/round-0/tasks/train.jsonl": b'{"the data set": 1}\n',
-        "runs/curve/round-0/tasks/MANIFEST.json": b'{"files": {}}\n',
+        "runs/curve/round-0/tasks/MANIFEST.json": manifest_of(train="aa", report="r1"),
         "runs/curve/round-0/trajectories/shard-0/trajectories.jsonl": trajectories.encode(),
         "runs/curve/round-0/trajectories/shard-0/tasks/t0.json": b"{}\n",
         "runs/curve/round-0/trajectories/shard-0/_COMPLETE": b'{"stage": "collect"}\n',
@@ -96,8 +102,13 @@ def test_a_tampered_file_or_other_settings_are_refused_naming_the_file(tmp_path)
         curve_rounds.restore_round(fresh, results, 0, SETTINGS)
     assert not fresh.list("runs")  # nothing half-restored
 
-    with pytest.raises(CorruptInputError, match="tasks built here differ"):
-        store.put_bytes(manifest, b'{"files": {"other": 1}}\n')
+    # prepare run again: other timings in report.json are the same tasks; another train split is not
+    store.put_bytes(manifest, manifest_of(train="aa", report="r2"))
+    curve_rounds.check_tasks(store, results, 0, manifest)
+    store.put_bytes(manifest, manifest_of(train="bb", report="r2"))
+    with pytest.raises(
+        CorruptInputError, match=r"tasks built here differ .*: train\.jsonl \(sha256"
+    ):
         curve_rounds.check_tasks(store, results, 0, manifest)
 
 
@@ -108,5 +119,6 @@ def test_every_committed_round_holds_the_files_its_round_json_lists():
     assert rounds, "no committed rounds found"
     for path in rounds:
         entry = json.loads(path.read_text())
+        assert set(entry["tasks_sha256"]) == set(curve_rounds.TASK_FILES), path
         for key, recorded in entry["keys"].items():
             curve_rounds.committed_content(path.parent, key, recorded)  # raises if not
