@@ -9,6 +9,8 @@ gained and lost against the second, and the exact one-sided McNemar p that the f
     python bench/compare_evals.py mcts/results.json bon/results.json --mcts-vs-bon 2
     # any two named figures: the first's MCTS at 8 rollouts against the second's zero_shot
     python bench/compare_evals.py mcts/results.json base/results.json --pair mcts@8 zero_shot
+    # multi-turn best-of-N (8 samples a turn, 3 turns) against best-of-24, in one evaluation
+    python bench/compare_evals.py eval/results.json eval/results.json --pair mt_bon@8x3 bon@24
 
 Results on different tasks (or a different split) are refused: a paired test needs the same
 tasks in the same conditions.
@@ -36,12 +38,15 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every figure a results.json holds, by name: 'zero_shot', 'mcts@4', 'bon@16', ... A
-    search mode's headline figure is named by its budget, so that two results searched with
-    different rollouts (or samples) are not paired under the one name 'mcts' (or 'bon')."""
+    """Every figure a results.json holds, by name: 'zero_shot', 'mcts@4', 'bon@16', 'mt_bon@8x3'
+    (multi-turn best-of-N: N samples a turn, t turns), ... A search mode's headline figure is
+    named by its budget, so that two results searched with different rollouts (or samples) are
+    not paired under the one name 'mcts' (or 'bon')."""
     named = {}
     for mode, figure in results.get("modes", {}).items():
-        if figure.get("rollouts"):
+        if mode == "mt_bon":
+            mode = f"mt_bon@{figure['samples']}x{figure['rollouts']}"
+        elif figure.get("rollouts"):
             mode = f"mcts@{figure['rollouts']}"
         elif figure.get("samples"):
             mode = f"bon@{figure['samples']}"
@@ -50,6 +55,8 @@ def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         named[f"mcts@{budget}"] = figure
     for samples, figure in results.get("bon_ablation", {}).items():
         named[f"bon@{samples}"] = figure
+    for turns, figure in results.get("mt_bon_ablation", {}).items():
+        named[f"mt_bon@{figure['samples']}x{turns}"] = figure
     return named
 
 

@@ -163,8 +163,8 @@ class PolicyConfig(Section):
     )
 
 
-SearchMode = Literal["mcts", "bon", "greedy", "plain"]
-SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "greedy", "plain")
+SearchMode = Literal["mcts", "bon", "mt_bon", "greedy", "plain"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("mcts", "bon", "mt_bon", "greedy", "plain")
 
 
 # Keys added after runs existed, with the value that reproduces what those runs computed: at that
@@ -175,6 +175,26 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "promotion.samples": 0,
     "promotion.guard_modes": [],
     "policy.backend": "engine",
+    "search.mt_bon_samples": 8,
+    "search.mt_bon_turns": 3,
+    "train.processes": 1,
+    "pairs.q_ai": "critique",
+    "evaluate.tie_break": "critique",
+    "verifier.enabled": False,
+    "verifier.fallback": "error",
+    "verifier.lora_r": 16,
+    "verifier.lora_alpha": 32,
+    "verifier.lora_dropout": 0.05,
+    "verifier.target_modules": LORA_TARGET_MODULES,
+    "verifier.learning_rate": 1e-4,
+    "verifier.epochs": 2.0,
+    "verifier.max_steps": -1,
+    "verifier.batch_size": 8,
+    "verifier.gradient_accumulation_steps": 1,
+    "verifier.max_length": 1024,
+    "verifier.max_programs_per_task": 16,
+    "verifier.eval_fraction": 0.2,
+    "verifier.seed": 42,
 }
 
 
@@ -186,8 +206,9 @@ def is_neutral(key: str, value: Any) -> bool:
 class SearchConfig(Section):
     mode: SearchMode = Field(
         "mcts",
-        description="Tree search or best-of-N sampling; 'greedy' (one greedy rewrite with "
-        "search.prompt) and 'plain' (one greedy rewrite, plain prompt) are evaluation's baselines.",
+        description="Tree search ('mcts'), best-of-N sampling ('bon') or multi-turn best-of-N "
+        "('mt_bon'); 'greedy' (one greedy rewrite with search.prompt) and 'plain' (one greedy "
+        "rewrite, plain prompt) are evaluation's baselines.",
     )
     rewrites_per_expansion: int = Field(
         3, ge=1, le=16, description="K rewrites sampled per expansion (CodeQ uses 2..4)."
@@ -209,6 +230,23 @@ class SearchConfig(Section):
         "tasks at 0.5 and 9/40 at 0, whose refinements mostly copy their parent.",
     )
     bon_samples: int = Field(8, ge=1, description="N for best-of-N.")
+    mt_bon_samples: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="Multi-turn best-of-N (mode 'mt_bon', as muCode searches): N rewrites "
+        "sampled per turn. The turn's best (by reward tests, then the critique) is refined in "
+        "the next turn with its failing visible tests (search.refine's prompt); the search "
+        "writes at most N x search.mt_bon_turns programs and stops at a full pass.",
+    )
+    mt_bon_turns: int = Field(
+        3,
+        ge=1,
+        le=32,
+        description="Multi-turn best-of-N: T turns at most (one expansion of "
+        "search.mt_bon_samples rewrites each; 8 x 3 writes as many programs as MCTS's "
+        "default 8 rollouts of 3).",
+    )
     prompt: Literal["plain", "detailed"] = Field(
         "plain",
         description="First-turn repair prompt: 'plain' (the statement, the buggy program, 'fix "
@@ -275,6 +313,12 @@ class PairsConfig(Section):
         description="theta: emit a pair only when |Q_chosen - Q_rejected| > theta.",
     )
     max_pairs_per_task: int = Field(8, ge=1, description="Cap on pairs from one task.")
+    q_ai: Literal["critique", "verifier"] = Field(
+        "critique",
+        description="What gives Q_ai: the policy's self-critique, or the round's learned "
+        "verifier (its probability that the rewrite passes every test; needs "
+        "verifier.enabled, see verifier.fallback).",
+    )
 
 
 class TrainConfig(Section):
@@ -296,6 +340,15 @@ class TrainConfig(Section):
     per_device_batch_size: int = Field(2, ge=1, description="Pairs per device per step.")
     gradient_accumulation_steps: int = Field(
         8, ge=1, description="Accumulation; effective batch = per-device batch x this (16)."
+    )
+    processes: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel training processes in one pod (one per GPU; on CPU they "
+        "talk over gloo). Each optimizer step still trains on per_device_batch_size x "
+        "gradient_accumulation_steps pairs: every process takes 1/N of them (its accumulation "
+        "divided by N, else smaller micro-batches), so that product must divide by N. The "
+        "chart sets it from stages.train.gpus.",
     )
     epochs: float = Field(1.0, gt=0.0, description="Passes over the training pairs.")
     max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: epochs).")
@@ -326,8 +379,8 @@ class TrainConfig(Section):
     )
 
 
-EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon"]
-EVAL_MODES: list[EvalMode] = ["zero_shot", "full_rewrite", "mcts", "bon"]
+EvalMode = Literal["zero_shot", "full_rewrite", "mcts", "bon", "mt_bon"]
+EVAL_MODES: list[EvalMode] = ["zero_shot", "full_rewrite", "mcts", "bon"]  # the default modes
 # The one map between the two names of a mode: each evaluation mode is the search mode it runs,
 # and a Trajectory records the evaluation's name (eval_mode_of).
 SEARCH_MODE_OF: dict[EvalMode, SearchMode] = {
@@ -335,6 +388,7 @@ SEARCH_MODE_OF: dict[EvalMode, SearchMode] = {
     "full_rewrite": "greedy",
     "mcts": "mcts",
     "bon": "bon",
+    "mt_bon": "mt_bon",
 }
 
 
@@ -346,13 +400,20 @@ def eval_mode_of(search_mode: SearchMode) -> EvalMode:
 class EvaluateConfig(Section):
     modes: list[EvalMode] = Field(
         default_factory=lambda: list(EVAL_MODES),
-        description="Evaluation modes, each run on the same test tasks.",
+        description="Evaluation modes, each run on the same test tasks; 'mt_bon' (multi-turn "
+        "best-of-N, not run by default) is read at every turn budget t beside best-of-(N x t).",
     )
     rollout_ablation: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8], description="MCTS rollout budgets reported."
     )
     max_tasks: int | None = Field(None, ge=1, description="Evaluate at most N test tasks.")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Wilson interval confidence.")
+    tie_break: Literal["critique", "verifier"] = Field(
+        "critique",
+        description="What chooses the answer among rewrites that pass as many visible tests, in "
+        "every mode and on both splits: the self-critique, or the round's learned verifier "
+        "(needs verifier.enabled, see verifier.fallback).",
+    )
 
 
 DEFAULT_PROMOTION_MODES: list[EvalMode] = ["full_rewrite"]
@@ -417,6 +478,53 @@ class PromotionConfig(Section):
         return self
 
 
+class VerifierConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Train a learned verifier each round (stage 'verifier', after collect): a "
+        "LoRA sequence classifier on the policy's base model that scores (task, program) with "
+        "the probability that the program passes all the task's tests, learned from every "
+        "program the round's collect wrote, labelled by all the train tasks' tests. Its AUC on "
+        "the validation rewrites the evaluate stage writes is in eval/verifier.json and the "
+        "report; pairs.q_ai and evaluate.tie_break choose where it is used.",
+    )
+    fallback: Literal["error", "critique"] = Field(
+        "error",
+        description="A round that asks for the verifier (pairs.q_ai, evaluate.tie_break) but "
+        "has none (disabled, or nothing to learn from: every program passed or none did): "
+        "'error' stops the stage, 'critique' uses the self-critique and records that it did.",
+    )
+    lora_r: int = Field(16, ge=1, description="The verifier's LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="The verifier's LoRA alpha.")
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="The verifier's LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGET_MODULES),
+        description="Modules the verifier's LoRA adapts (its score head is trained whole).",
+    )
+    learning_rate: float = Field(1e-4, gt=0.0, description="Of the LoRA and the score head.")
+    epochs: float = Field(2.0, gt=0.0, description="Passes over the labelled programs.")
+    max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: epochs).")
+    batch_size: int = Field(8, ge=1, description="Programs per device per step (and scoring).")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Accumulation steps.")
+    max_length: int = Field(
+        1024,
+        ge=64,
+        description="Tokens the verifier reads of (problem, program): the program whole up to "
+        "this, the problem statement cut at its end to fit.",
+    )
+    max_programs_per_task: int = Field(
+        16, ge=1, description="Distinct programs learned from per task (the first written)."
+    )
+    eval_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Train tasks held out (whole problems) to measure the verifier's AUC in "
+        "its metrics; 0 trains on every task.",
+    )
+    seed: int = Field(42, description="Seed of the held-out split and of training.")
+
+
 class StoreConfig(Section):
     uri: str = Field(
         "file://./codeq-store",
@@ -460,6 +568,7 @@ class CodeQConfig(BaseSettings):
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 
     _file_settings: ClassVar[dict[str, Any] | None] = None

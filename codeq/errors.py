@@ -62,6 +62,15 @@ class RoundOrderError(BadInputError):
     """A round cannot start because an earlier round of the same run has not finished."""
 
 
+class VerifierMissingError(MissingInputError):
+    """A round asks for a learned verifier (pairs.q_ai or evaluate.tie_break) that it has not
+    trained, and verifier.fallback does not allow the self-critique in its place."""
+
+
+class VerifierLineageError(BadInputError):
+    """A learned verifier was trained on another base model than the policy it would judge."""
+
+
 class SandboxError(CodeQError):
     """The sandbox itself (not the program under test) failed: runsc missing, setup broken."""
 
@@ -76,6 +85,11 @@ class StageFailedError(CodeQError):
 
 class TrainingDivergedError(StageFailedError):
     """DPO produced a non-finite loss or gradient."""
+
+
+class TrainingProcessError(CodeQError):
+    """A data-parallel training process died without a CodeQ error (a crash, out of memory, a
+    collective that timed out); exit 1, so Kubernetes may retry it."""
 
 
 class TransientError(CodeQError):

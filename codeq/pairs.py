@@ -18,13 +18,13 @@ import logging
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig, PairsConfig
-from codeq.errors import BadInputError, CorruptInputError
+from codeq.errors import BadInputError, CorruptInputError, VerifierMissingError
 from codeq.policy.prompts import asks_past_passing_examples
 from codeq.schemas import Lineage, Node, Pair, Trajectory, read_jsonl, write_json, write_jsonl
 
@@ -279,17 +279,55 @@ def common_policy(trajectories: Sequence[Trajectory]) -> Lineage | None:
     return next(iter(lineages.values()), None)
 
 
+# Scores of some rewrites of one trajectory, one per node, in [0, 1]: a learned verifier's
+# probability that each passes all its task's tests (Q_ai when pairs.q_ai is 'verifier').
+RewriteScorer = Callable[[Trajectory, Sequence[Node]], list[float]]
+
+
+def with_q_ai(trajectory: Trajectory, scorer: RewriteScorer) -> Trajectory:
+    """A copy of `trajectory` whose valid rewrites carry `scorer`'s scores as Q_ai in place of
+    the self-critique's (invalid ones keep none, so their value is Q_mcts alone)."""
+    rewrites = [node for node in trajectory.nodes[1:] if node.valid]
+    scores = dict(zip((node.id for node in rewrites), scorer(trajectory, rewrites), strict=True))
+    nodes = [
+        node.model_copy(update={"q_ai": scores[node.id]}) if node.id in scores else node
+        for node in trajectory.nodes
+    ]
+    return trajectory.model_copy(update={"nodes": nodes})
+
+
 def make_pairs(
-    trajectory_paths: Sequence[Path], out_dir: Path, config: CodeQConfig
+    trajectory_paths: Sequence[Path],
+    out_dir: Path,
+    config: CodeQConfig,
+    *,
+    q_ai: RewriteScorer | None = None,
 ) -> dict[str, Any]:
-    """The pairs stage: read trajectories, write out_dir/pairs.jsonl and out_dir/stats.json."""
+    """The pairs stage: read trajectories, write out_dir/pairs.jsonl and out_dir/stats.json.
+    `q_ai` (a learned verifier) gives Q_ai in place of the self-critique; pairs.q_ai
+    'verifier' without it is refused unless verifier.fallback is 'critique'. stats.json
+    records which scored (q_ai) and the critique's AUC either way."""
+    asked = config.pairs.q_ai
+    if asked == "verifier" and q_ai is None and config.verifier.fallback != "critique":
+        raise VerifierMissingError(
+            "pairs.q_ai is 'verifier', but no verifier was given to score the rewrites",
+            hint="build pairs in a round whose verifier stage trained one (verifier.enabled), "
+            "or set pairs.q_ai=critique (or verifier.fallback=critique)",
+        )
     trajectories = read_trajectories(trajectory_paths)
     policy = common_policy(trajectories)
+    signal = critique_signal(trajectories)
+    if q_ai is not None:
+        trajectories = [with_q_ai(trajectory, q_ai) for trajectory in trajectories]
+    elif asked == "verifier":
+        log.warning("pairs.q_ai is 'verifier' but there is none: the self-critique gives Q_ai")
     pairs, stats = build_pairs(trajectories, config.pairs)
     stats["policy"] = policy.model_dump() if policy is not None else None
-    signal = critique_signal(trajectories)
+    if asked == "verifier" or q_ai is not None:  # (stats of critique-only runs are unchanged)
+        stats["q_ai"] = "verifier" if q_ai is not None else "critique"
+        stats["q_ai_asked"] = asked
     stats["critique_auc"] = signal.auc
-    if config.pairs.alpha < 1.0 and signal.carries_signal is False:
+    if q_ai is None and config.pairs.alpha < 1.0 and signal.carries_signal is False:
         log.warning(
             "%s: the critique barely tells passing rewrites from failing ones, so blending it "
             "into the values (pairs.alpha=%g) mostly adds noise; consider pairs.alpha=1.0",

@@ -162,7 +162,7 @@ class Trajectory(Record):
     level: Level
     category: Category
     subtype: str
-    mode: str = Field(description="mcts | bon | zero_shot | full_rewrite")
+    mode: str = Field(description="mcts | bon | mt_bon | zero_shot | full_rewrite")
     reward_tests: TestSplit
     nodes: list[Node]
     solved: bool = Field(description="Some node passed every reward test.")

@@ -1,6 +1,6 @@
 """The shard of an Indexed Job: which (index, count) pairs are valid and which tasks a shard
-gets. Every caller (the collect Job's environment, `codeq collect --shard-index`, the collect
-stage) goes through these functions."""
+gets. Every caller (the collect and evaluate Jobs' environment, `codeq collect --shard-index`,
+the collect and evaluate stages) goes through these functions."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def shard_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
     except ValueError:
         raise ConfigError(
             f"{SHARD_INDEX_ENV}={raw_index!r} / {SHARD_COUNT_ENV}={raw_count!r} are not integers",
-            hint="run collect as an Indexed Job (completionMode: Indexed)",
+            hint="run the stage as an Indexed Job (completionMode: Indexed)",
         ) from None
     check_job_shard(index, count)
     return index, count
@@ -59,3 +59,13 @@ def shard_of(items: Sequence[Item], index: int, count: int) -> list[Item]:
     """Items i with i % count == index (the file's order; every item in exactly one shard)."""
     check_shard(index, count)
     return [item for i, item in enumerate(items) if i % count == index]
+
+
+def shard_of_groups(items: Sequence[Item], index: int, count: int, size: int) -> list[Item]:
+    """Whole groups of `size` consecutive items (by position in `items`), group g to shard
+    g % count, in order. A deterministic search takes its tasks in exactly such groups
+    (codeq.search.mcts.search_groups), so a shard searches the batches one process would."""
+    check_shard(index, count)
+    if size < 1:
+        raise ValueError(f"group size must be at least 1, got {size}")
+    return [item for i, item in enumerate(items) if (i // size) % count == index]

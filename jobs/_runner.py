@@ -68,8 +68,11 @@ def force_from_env() -> bool:
     )
 
 
+SHARDED_STAGES = ("collect", "evaluate")  # Indexed Jobs: the shard from the Job's environment
+
+
 def stage_arguments(stage: str) -> dict[str, Any]:
-    if stage == "collect":
+    if stage in SHARDED_STAGES:
         index, count = shard_from_env()
         return {"shard_index": index, "shard_count": count}
     return {}

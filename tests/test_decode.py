@@ -14,6 +14,7 @@ from codeq.policy.decode_batch import (
 )
 from codeq.policy.prefix_cache import PrefixCache
 from codeq.policy.sampling import CANDIDATES, sample_tokens
+from codeq.policy.stream import fill_holes
 
 KV_HEADS, GROUPS, HEAD_DIM, LAYERS = 2, 3, 16, 2
 
@@ -77,30 +78,45 @@ def test_merging_two_partial_attentions_equals_attention_over_both():
     torch.testing.assert_close(alone, second[0])
 
 
-def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence():
-    """Rows leave (step 2) and join (step 3, one new prompt and samples of an old one), so rows
-    hold different numbers of own tokens; every output equals plain attention over the row's
-    prompt and own tokens."""
+@pytest.mark.parametrize(
+    ("owners", "keep", "joining"),
+    [
+        # uneven groups (2, 1 and 3 samples): one prompt keeps one row of two, one loses one;
+        # then two samples of a new prompt and one of prompt 1 again join
+        ([0, 0, 1, 2, 2, 2], [0, 2, 4, 5], [0, 0, 1]),
+        # every prompt read by one row (private: its own tokens follow it in the prompt part)
+        ([0, 1, 2], [1, 2], [0, 1]),
+        # the same, with a row leaving from the middle
+        ([2, 0, 1], [0, 2], [1]),
+        # rows that leave below the new end are filled from past it (as the stream keeps them)
+        ([0, 0, 1, 2, 2, 2], fill_holes([0, 2, 4, 5], 6), [0, 0, 1]),
+    ],
+)
+def test_batch_attention_equals_attention_over_each_rows_whole_sequence(owners, keep, joining):
+    """Rows leave (step 2) and join (step 3), so rows hold different numbers of own tokens;
+    every output equals plain attention over the row's prompt and own tokens. A leaving row
+    reallocates nothing, and prompts no row reads any more are not attended."""
     torch.manual_seed(0)
     prompts = [random_prompt(length) for length in (5, 9, 7)]
-    owners = [0, 0, 1, 2, 2, 2]  # uneven groups: 2, 1 and 3 samples
     batch = DecodeBatch(prompts, owners, capacity=6)
     prompt_of = {row: prompts[owner] for row, owner in enumerate(owners)}
     # Each row's own keys and values, recorded here independently of the batch.
     own = {row: [([], []) for _ in range(LAYERS)] for row in range(len(owners))}
     rows = list(range(len(owners)))
     for step in range(5):
-        if step == 2:  # rows 1 and 3 finish: one prompt keeps one row of two, one loses one
-            keep = [0, 2, 4, 5]
+        if step == 2:
+            buffers = [buffer.data_ptr() for buffer in (*batch.own_keys, *batch.own_values)]
             batch.keep(torch.tensor(keep))
             rows = [rows[i] for i in keep]
-        if step == 3:  # rows 6-8 join: two samples of a new prompt, one of prompt 1 again
-            joining = [random_prompt(4), prompts[1]]
-            batch.add(joining, [0, 0, 1], capacity=8)
-            for row, owner in zip((6, 7, 8), (0, 0, 1), strict=True):
-                prompt_of[row] = joining[owner]
+            assert buffers == [b.data_ptr() for b in (*batch.own_keys, *batch.own_values)]
+            assert batch.attended == len({owners[row] for row in rows})
+        if step == 3:  # a new prompt, and prompt 1 again
+            new = [random_prompt(4), prompts[1]]
+            for row, owner in enumerate(joining, start=len(owners)):
+                prompt_of[row] = new[owner]
                 own[row] = [([], []) for _ in range(LAYERS)]
                 rows.append(row)
+            batch.add(new[: max(joining) + 1], joining, capacity=8)
         for layer in range(LAYERS):
             query = torch.randn(len(rows), KV_HEADS * GROUPS, 1, HEAD_DIM)
             key = torch.randn(len(rows), KV_HEADS, 1, HEAD_DIM)
@@ -116,11 +132,13 @@ def test_shared_prompt_attention_equals_attention_over_each_rows_whole_sequence(
                 expected = reference_attention(query[index, :, 0], keys, values, 0.25)
                 torch.testing.assert_close(output[index, 0], expected, rtol=1e-4, atol=1e-5)
         batch.advance()
-    assert batch.positions().tolist() == [5 + 5, 9 + 5, 7 + 5, 7 + 5, 4 + 2, 4 + 2, 9 + 2]
+    whole = [prompt_of[row][0][0].shape[2] + len(own[row][0][0]) for row in rows]
+    assert batch.positions().tolist() == whole
     # a row's whole KV: its prompt, then its own tokens in order
-    [(keys, _), _] = batch.sequence_kv(rows.index(6))
-    expected = torch.cat([prompt_of[6][0][0][0], *own[6][0][0]], dim=1)
-    torch.testing.assert_close(keys[0], expected)
+    for index, row in enumerate(rows):
+        [(keys, _), _] = batch.sequence_kv(index)
+        expected = torch.cat([prompt_of[row][0][0][0], *own[row][0][0]], dim=1)
+        torch.testing.assert_close(keys[0], expected)
 
 
 def test_prompts_are_attended_in_buckets_of_similar_length():
@@ -205,3 +223,24 @@ def test_sampling_falls_back_to_a_full_sort_when_the_candidates_miss_the_nucleus
     assert bool((certain == 3).all())
     # Half the vocabulary is in the nucleus of a uniform row, beyond the candidates.
     assert int(uniform.max()) >= CANDIDATES and len(set(uniform.tolist())) > CANDIDATES
+
+
+def test_sampling_without_host_branches_draws_the_same_tokens():
+    """A GPU step samples without reading back which rows need a full sort: every row is also
+    drawn from its full sort and the draw picked on the device. Same tokens, same uniforms."""
+    torch.manual_seed(0)
+    vocab = 4 * CANDIDATES
+    flat = torch.zeros(50, vocab)  # the candidates miss the nucleus: the full sort decides
+    peaked = torch.randn(50, vocab) * 4  # the candidates hold it
+    logits = torch.cat([flat, peaked])[torch.randperm(100)]
+    uniforms = torch.rand(100, 1)
+    branched = sample_tokens(logits, 0.9, 0.5, uniforms, branches=True)
+    assert torch.equal(sample_tokens(logits, 0.9, 0.5, uniforms, branches=False), branched)
+    assert int(branched.max()) >= CANDIDATES  # some rows came from beyond the candidates
+
+
+def test_leaving_rows_are_filled_from_the_end_so_few_rows_move():
+    assert fill_holes([0, 2, 4, 5], 6) == [0, 4, 2, 5]
+    assert fill_holes([1, 2, 3], 4) == [3, 1, 2]
+    assert fill_holes([0, 1], 4) == [0, 1]
+    assert fill_holes([5], 6) == [5]

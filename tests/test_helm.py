@@ -405,6 +405,41 @@ def test_collect_is_an_indexed_job_with_per_index_retries(scenario):
         assert spec["maxFailedIndexes"] == values["stages"]["collect"]["maxFailedIndexes"]
 
 
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_evaluate_is_one_pod_or_an_indexed_job_of_its_shards(scenario):
+    """stages.evaluate.shards above 1: an Indexed Job with that many completions and pods at
+    once, JOB_COMPLETION_COUNT for the stage, each shard retried on its own and the first shard
+    that fails for good failing the Job (the merge needs them all); 1: the plain Job it was."""
+    values = effective_values(scenario)
+    conf = values["stages"]["evaluate"]
+    spec = stage_jobs(scenario)["evaluate"]["spec"]
+    env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
+    rule = spec["podFailurePolicy"]["rules"][1]
+    if conf["shards"] == 1:
+        assert "completionMode" not in spec and "JOB_COMPLETION_COUNT" not in env
+        assert spec["completions"] == spec["parallelism"] == 1
+        assert spec["backoffLimit"] == conf["backoffLimit"] and rule["action"] == "FailJob"
+        return
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == conf["shards"]
+    assert env["JOB_COMPLETION_COUNT"] == str(conf["shards"])
+    assert spec["backoffLimitPerIndex"] == conf["backoffLimit"] and "backoffLimit" not in spec
+    assert spec["maxFailedIndexes"] == 0
+    assert rule["action"] == "FailIndex"
+
+
+def test_a_scenario_shards_evaluate():
+    """Some scenario (the twin's among them) renders evaluate as an Indexed Job."""
+    sharded = [s for s in SCENARIOS if effective_values(s)["stages"]["evaluate"]["shards"] > 1]
+    assert "twin" in sharded and len(sharded) >= 2, sharded
+
+
+def test_evaluate_shards_set_on_the_default_install():
+    spec = stage_jobs("default", json.dumps({"stages": {"evaluate": {"shards": 3}}}))["evaluate"]
+    assert spec["spec"]["completionMode"] == "Indexed"
+    assert spec["spec"]["completions"] == spec["spec"]["parallelism"] == 3
+
+
 def expected_sandbox_profile(values: dict[str, Any]) -> dict[str, str]:
     """The sandbox containers' seccompProfile: sandbox.seccompProfile, an empty Localhost path
     filled in with where sandbox.seccompInstall puts the chart's profile."""
@@ -427,7 +462,7 @@ def test_every_job_has_placement_gpus_deadlines_and_restricted_security(scenario
         (container,) = pod["containers"]
         assert spec["activeDeadlineSeconds"] == conf["activeDeadlineSeconds"]
         assert spec["ttlSecondsAfterFinished"] == values["jobs"]["ttlSecondsAfterFinished"]
-        if stage != "collect":
+        if stage != "collect" and conf.get("shards", 1) == 1:
             assert spec["backoffLimit"] == conf["backoffLimit"]
             assert spec["podFailurePolicy"]["rules"][1]["action"] == "FailJob"
         selector = pool["nodeSelector"] if conf["nodeSelector"] is None else conf["nodeSelector"]
@@ -1392,6 +1427,9 @@ def test_configmap_holds_a_config_codeq_accepts(scenario, tmp_path, monkeypatch)
     "bad",
     [
         {"stages": {"collect": {"shards": 0}}},
+        {"stages": {"evaluate": {"shards": 0}}},
+        {"stages": {"evaluate": {"shards": "2"}}},
+        {"stages": {"evaluate": {"backoffLimitPerIndex": 2}}},
         {"s3Credentials": {"mode": "env"}},
         {"unknownTopLevel": 1},
         {"pools": {"infer": {"gpuType": "h100"}}},

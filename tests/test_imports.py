@@ -38,10 +38,13 @@ ALLOWED: dict[str, set[str]] = {
     "codeq.report": FOUNDATION | {"codeq.schemas"},
     "codeq.pairs": FOUNDATION | {"codeq.config", "codeq.policy", "codeq.schemas"},
     "codeq.train": FOUNDATION
-    | {"codeq.config", "codeq.policy", "codeq.progress", "codeq.schemas", "codeq.store"},
+    | {"codeq.config", "codeq.logs", "codeq.policy", "codeq.progress", "codeq.schemas"}
+    | {"codeq.store"},
     "codeq.search": FOUNDATION | SEARCHING | {"codeq.shards", "codeq.train"},
-    "codeq.evaluate": FOUNDATION | SEARCHING | {"codeq.search"},
+    "codeq.evaluate": FOUNDATION | SEARCHING | {"codeq.search", "codeq.shards"},
     "codeq.promotion": FOUNDATION | {"codeq.config", "codeq.evaluate", "codeq.schemas"},
+    "codeq.verifier": FOUNDATION
+    | {"codeq.config", "codeq.policy", "codeq.schemas", "codeq.tasks", "codeq.train"},
 }
 LIBRARY = set(ALLOWED)
 # the round against a store, then the two entry points over it

@@ -132,9 +132,10 @@ def test_collect_without_tasks(file_store):
     assert not store.is_complete(LAYOUT.shard(0))
 
 
-def test_collect_with_an_index_outside_the_count(file_store):
+@pytest.mark.parametrize("stage", ["collect", "evaluate"])
+def test_a_sharded_stage_with_an_index_outside_the_count(file_store, stage):
     _, env = file_store
-    result = run_job("collect", {**env, "JOB_COMPLETION_INDEX": "3", "JOB_COMPLETION_COUNT": "2"})
+    result = run_job(stage, {**env, "JOB_COMPLETION_INDEX": "3", "JOB_COMPLETION_COUNT": "2"})
     assert_bad_input(result, "JOB_COMPLETION_INDEX=3 is outside 0..1")
 
 

@@ -91,6 +91,45 @@ def test_stream_admits_requests_mid_flight_and_returns_each_when_done(tiny_engin
     assert tiny_engine.stats.max_rows <= tiny_engine.batch_size
 
 
+def test_a_decode_step_reads_back_only_its_tokens(tiny_engine, monkeypatch):
+    """Nothing in a decode step waits for the device but the one read of the step's tokens
+    (which the stop rules need): no lengths, masks or row checks read back, also in the steps
+    where rows finish and leave. Sampled rows with top-p 1 (top-p below 1 sorts on the host's
+    side only on CPU, by design)."""
+    import collections
+
+    stream = tiny_engine.stream()
+    for index, (n, budget, seed) in enumerate([(2, 4, 1), (1, 30, None), (1, 7, 2)]):
+        temperature = 0.0 if index == 0 else 0.8
+        stream.submit(
+            GenerationRequest(
+                chat(f"prompt {index} " * (index + 1)),
+                n=n,
+                temperature=temperature,
+                top_p=1.0,
+                max_new_tokens=budget,
+                stop="none",
+                seed=seed,
+            )
+        )
+    stream.step()  # the prompts read, the first tokens
+    reads: collections.Counter[str] = collections.Counter()
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            reads[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    steps = 0
+    while len(stream.sequences) > 1:
+        stream.step()
+        steps += 1
+    monkeypatch.undo()
+    assert steps >= 5 and dict(reads) == {"tolist": steps}  # rows left at steps 3 and 6
+
+
 def test_prompts_are_cut_from_the_top(tiny_model_dir):
     config = PolicyConfig(model=str(tiny_model_dir), dtype="float32", max_prompt_tokens=64)
     engine = PolicyEngine.load(config)
@@ -111,6 +150,50 @@ def test_stop_condition_stops_a_sequence_at_its_closing_fence(tiny_engine):
                 first_done[row] = step
     assert first_done == [len(rows[0]), None]
     assert [stop.length for stop in stops] == [len(rows[0]), None]
+
+
+class CountingTokenizer:
+    """The tokenizer, counting the calls of `decode`."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.decodes = tokenizer, 0
+
+    def decode(self, ids, **kwargs) -> str:
+        self.decodes += 1
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["code", "score"])
+def test_stop_conditions_stop_where_the_decoded_text_does_and_decode_a_token_once(
+    tiny_engine, kind
+):
+    """A stop rule is checked on the text of the tokens so far only when the new token can
+    complete it, and a token's text is decoded once: it stops at the same token as decoding
+    every token and checking the whole text, whatever the answer's prefix (one that already
+    stops the text stops it at the first token)."""
+    tok = tiny_engine.tokenizer
+    texts = [
+        "```python\nx = 1\n```\nand more",
+        "no code ``` here\n but a fence ```` later",
+        "Score: 7/10\nbecause",
+        "The score is 8 out of 10. Then\n more",
+        "score: 99.99999999",
+        "words 12.5 and `x` with\nnewlines",
+    ]
+    counting = CountingTokenizer(tok)
+    rows = [tok(text, add_special_tokens=False)["input_ids"] for text in texts]
+    for prefix in ["", "Score: ", "```py\nx\n```"]:
+        for ids in rows:
+            stop = StopCondition(counting, set(), kind, prefix)
+            stopped = next((s for s, t in enumerate(ids, 1) if stop.update(t, s)), None)
+            tail, expected = prefix, None
+            for step, token in enumerate(ids, start=1):
+                tail += tok.decode([token])
+                if closes_code_block(tail) if kind == "code" else gives_score(tail):
+                    expected = step
+                    break
+            assert stopped == expected == stop.length, (prefix, tok.decode(ids))
+    assert 0 < counting.decodes <= len({t for ids in rows for t in ids})  # each once at most
 
 
 def test_greedy_decoding_matches_transformers_generate(tiny_engine):

@@ -4,7 +4,7 @@ words of whoever passed it (flags, or an Indexed Job's environment)."""
 import pytest
 
 from codeq.errors import BadInputError, ConfigError
-from codeq.shards import shard_from_env, shard_of
+from codeq.shards import shard_from_env, shard_of, shard_of_groups
 
 
 def test_every_item_lands_in_exactly_one_shard_in_file_order():
@@ -12,6 +12,18 @@ def test_every_item_lands_in_exactly_one_shard_in_file_order():
     shards = [shard_of(items, index, 3) for index in range(3)]
     assert sorted(item for shard in shards for item in shard) == items
     assert shards[1] == [1, 4, 7, 10]
+
+
+def test_group_shards_keep_the_search_groups_whole():
+    from codeq.search.mcts import search_groups
+
+    items = list(range(11))
+    shards = [shard_of_groups(items, index, 3, 2) for index in range(3)]
+    assert shards == [[0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10]]
+    # each shard's own groups are groups of the whole list: the batches one process searches
+    whole = search_groups(items, 2)
+    assert sorted(g for shard in shards for g in search_groups(shard, 2)) == sorted(whole)
+    assert shard_of_groups(items[:3], 1, 2, 4) == []  # one group: the second shard gets none
 
 
 @pytest.mark.parametrize(("index", "count"), [(3, 2), (-1, 2), (0, 0)])

@@ -34,13 +34,17 @@ def command(
     shard_count: int = typer.Option(
         1, "--shard-count", help="Number of shards.", metavar="N", min=1
     ),
-    mode: Literal["mcts", "bon"] | None = key_option(
-        "search.mode", "--mode", help="Tree search or best-of-N sampling.", metavar="[mcts|bon]"
+    mode: Literal["mcts", "bon", "mt_bon"] | None = key_option(
+        "search.mode",
+        "--mode",
+        help="Tree search, best-of-N sampling or multi-turn best-of-N.",
+        metavar="[mcts|bon|mt_bon]",
     ),
     rollouts: int | None = key_option(
         "search.rollouts",
         "--rollouts",
-        help="MCTS rollouts per task (for bon: N samples, default search.bon_samples).",
+        help="MCTS rollouts per task (for bon: N samples, default search.bon_samples; for "
+        "mt_bon: turns, default search.mt_bon_turns).",
         metavar="N",
         min=1,
     ),
@@ -56,15 +60,17 @@ def command(
         min=1,
     ),
 ) -> None:
-    """Search (MCTS or best-of-N) over tasks; write trajectories."""
+    """Search (MCTS, best-of-N or multi-turn best-of-N) over tasks; write trajectories."""
     config = config_with(
         {
             "policy": {"model": model, "adapter": str(adapter) if adapter else None},
             "search": {"mode": mode, "max_tasks": max_tasks},
         }
     )
-    if rollouts is not None:  # the search's size: MCTS rollouts, or best-of-N's N
-        size_key = "bon_samples" if config.search.mode == "bon" else "rollouts"
+    if rollouts is not None:  # the search's size: MCTS rollouts, best-of-N's N, or the turns
+        size_key = {"bon": "bon_samples", "mt_bon": "mt_bon_turns"}.get(
+            config.search.mode, "rollouts"
+        )
         config = config.derive(search={size_key: rollouts})
     from codeq.search import collect
 

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import typer
 
 from codeq.commands.common import config_with, key_option, model_option, out_dir, out_option
-from codeq.config import EVAL_MODES
+from codeq.config import EvalMode
 
 
 def command(
@@ -26,7 +27,7 @@ def command(
     modes: str | None = key_option(
         "evaluate.modes",
         "--modes",
-        help=f"Comma-separated evaluation modes: {','.join(EVAL_MODES)}.",
+        help=f"Comma-separated evaluation modes, of {','.join(get_args(EvalMode))}.",
         metavar="MODES",
     ),
     max_tasks: int | None = key_option(

@@ -59,8 +59,10 @@ class ModeResult(Rate):
     )
     prompt_tokens: int | None = None
     seconds: float | None = Field(None, description="Wall time of the search (whole searches).")
-    rollouts: int | None = Field(None, description="MCTS: the rollout budget.")
-    samples: int | None = Field(None, description="Best-of-N: N.")
+    rollouts: int | None = Field(
+        None, description="MCTS: the rollout budget; multi-turn best-of-N: the turns."
+    )
+    samples: int | None = Field(None, description="Best-of-N: N; multi-turn best-of-N: N per turn.")
     sampled: SampledPasses | None = Field(
         None, description="Single-answer modes on validation: k sampled answers per task too."
     )
@@ -93,6 +95,11 @@ class EvalResults(BaseModel):
     bon_ablation: dict[str, ModeResult] = Field(
         default_factory=dict, description="Best-of-n from the first n samples, by n."
     )
+    mt_bon_ablation: dict[str, ModeResult] = Field(
+        default_factory=dict,
+        description="Multi-turn best-of-N limited to its first t turns, by t (N x t programs "
+        "at most; best-of-(N x t) is in bon_ablation when both modes ran).",
+    )
     any_node_passed: AnyNodeResult | None = None
 
     def primary(self) -> ModeResult:
@@ -116,6 +123,7 @@ class EvalResults(BaseModel):
         merged.modes.update(later.modes)
         merged.mcts_rollout_ablation.update(later.mcts_rollout_ablation)
         merged.bon_ablation.update(later.bon_ablation)
+        merged.mt_bon_ablation.update(later.mt_bon_ablation)
         merged.any_node_passed = later.any_node_passed or self.any_node_passed
         merged.primary_mode = primary_mode(list(merged.modes))
         return merged

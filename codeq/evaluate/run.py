@@ -3,12 +3,14 @@ only, and exactly one returned program per task is scored on all its tests (visi
 a program that fails a statement example is not a fix, whatever the hidden tests say).
 
 Modes: zero_shot (one greedy rewrite from a minimal prompt), full_rewrite (one greedy rewrite, agent
-prompt), mcts, bon. Budgets come from one run each, read at smaller budgets: MCTS limited to b
-rollouts is the final program from the nodes of rollouts <= b (MCTS is sequential, so that prefix
-is exactly a budget-b search); best-of-n is the best of the first n samples of one best-of-N run
-(each sample has its own seeded random stream, so those n are exactly a best-of-n run). Best-of-N
-is run with at least as many samples as the largest MCTS budget writes, so both can be compared
-at equal numbers of programs. CodeQ's optimistic "any node passed" figure is reported apart.
+prompt), mcts, bon, mt_bon (multi-turn best-of-N). Budgets come from one run each, read at smaller
+budgets: MCTS limited to b rollouts is the final program from the nodes of rollouts <= b (MCTS is
+sequential, so that prefix is exactly a budget-b search), and multi-turn best-of-N limited to t
+turns likewise; best-of-n is the best of the first n samples of one best-of-N run (each sample has
+its own seeded random stream, so those n are exactly a best-of-n run). Best-of-N is run with at
+least as many samples as the largest MCTS budget (and every multi-turn budget) writes, so they can
+be compared at equal numbers of programs. CodeQ's optimistic "any node passed" figure is reported
+apart.
 
 A single-answer mode can also sample k answers per task beside its greedy one (promotion's
 paired test on pass counts, promotion.samples): the same prompt at the search temperature, one
@@ -38,7 +40,8 @@ from codeq.evaluate.results import (
 from codeq.evaluate.stats import rate, summarize
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
-from codeq.search.tree import final_answer
+from codeq.search.tree import TieBreak, critique_tie_break, final_answer
+from codeq.shards import shard_of_groups
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,15 @@ SINGLE_ANSWER_MODES: tuple[EvalMode, ...] = ("zero_shot", "full_rewrite")
 SAMPLES_SUFFIX = "-samples"  # trajectories-<mode>-samples.jsonl: a mode's sampled answers
 
 
-def load_eval_tasks(tasks_path: str | Path, split: Split, max_tasks: int | None) -> list[Task]:
-    """The tasks of `split` (a .jsonl file, or the tasks folder holding `<split>.jsonl`)."""
+def load_eval_tasks(
+    tasks_path: str | Path,
+    split: Split,
+    max_tasks: int | None,
+    shard: tuple[int, int] | None = None,
+    group: int = 1,
+) -> list[Task]:
+    """The tasks of `split` (a .jsonl file, or the tasks folder holding `<split>.jsonl`); with
+    `shard` (index, count), only that shard's whole groups of `group` tasks (maybe none)."""
     path = Path(tasks_path)
     if path.is_dir():
         path = path / f"{split}.jsonl"
@@ -67,6 +77,8 @@ def load_eval_tasks(tasks_path: str | Path, split: Split, max_tasks: int | None)
             f"{len(no_hidden)} {split} tasks have no hidden tests (e.g. {no_hidden[0]})",
             hint="evaluation scores on hidden tests; rebuild tasks with `codeq prepare`",
         )
+    if shard is not None:
+        tasks = shard_of_groups(tasks, *shard, group)
     return tasks
 
 
@@ -133,10 +145,16 @@ def evaluate(
     sandbox: Any = None,
     policy: Lineage | None = None,
     samples: Mapping[str, int] | None = None,
+    tie_break: TieBreak | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> EvalResults:
     """Run every configured mode on the same tasks of `split`; write out_dir/results.json (and
     each mode's trajectories) and return the results. `policy` records what was evaluated.
-    `samples` (mode -> k) adds k sampled answers per task to single-answer modes."""
+    `samples` (mode -> k) adds k sampled answers per task to single-answer modes. `tie_break`
+    replaces the critique among candidates that pass as many visible tests (`run_search`).
+    `shard` (index, count) evaluates that shard's whole search groups of the tasks only
+    (codeq.shards.shard_of_groups); codeq.evaluate.shards merges the shards' folders into the
+    one a single process writes."""
     from codeq.sandbox import Sandbox
 
     out_dir = Path(out_dir)
@@ -148,10 +166,17 @@ def evaluate(
                 f"({', '.join(SINGLE_ANSWER_MODES)}) has a greedy answer to sample beside",
                 hint="make promotion.modes start with zero_shot or full_rewrite",
             )
-    tasks = load_eval_tasks(tasks_path, split, config.evaluate.max_tasks)
+    tasks = load_eval_tasks(
+        tasks_path, split, config.evaluate.max_tasks, shard, config.search.parallel_trees
+    )
+    if not tasks:
+        raise BadInputError(
+            f"evaluation shard {shard} gets none of the {split} tasks",
+            hint="use fewer shards or a smaller search.parallel_trees (shards take whole groups)",
+        )
     if engine is None:
         engine = _load_engine(config, adapter)
-    run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy, sampled)
+    run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy, sampled, tie_break)
     if sandbox is None:
         with Sandbox(config.sandbox) as owned_sandbox:
             return run.all_modes(owned_sandbox)
@@ -171,13 +196,19 @@ class _Evaluation:
         adapter: str | Path | None,
         policy: Lineage | None,
         samples: Mapping[str, int],
+        tie_break: TieBreak | None = None,
     ) -> None:
         self.tasks, self.out_dir, self.config, self.engine = tasks, out_dir, config, engine
         self.split, self.adapter, self.policy = split, adapter, policy
         self.samples = samples
+        self.tie_break = tie_break or critique_tie_break
         self.budgets = sorted({*config.evaluate.rollout_ablation, config.search.rollouts})
         rewrites = config.search.rewrites_per_expansion
-        self.bon_sizes = sorted({rewrites * b for b in self.budgets} | {config.search.bon_samples})
+        sizes = {rewrites * b for b in self.budgets} | {config.search.bon_samples}
+        self.turns = list(range(1, config.search.mt_bon_turns + 1))
+        if "mt_bon" in config.evaluate.modes:  # best-of-N at each multi-turn budget's programs
+            sizes |= {config.search.mt_bon_samples * turns for turns in self.turns}
+        self.bon_sizes = sorted(sizes)
 
     def all_modes(self, sandbox: Any) -> EvalResults:
         modes = list(dict.fromkeys(self.config.evaluate.modes))
@@ -199,6 +230,8 @@ class _Evaluation:
                 self._add_mcts(results, trajectories, seconds, sandbox)
             elif mode == "bon":
                 self._add_bon(results, trajectories, seconds, sandbox)
+            elif mode == "mt_bon":
+                self._add_mt_bon(results, trajectories, seconds, sandbox)
             else:
                 picked = [[n for n in t.nodes if n.parent is not None] for t in trajectories]
                 extra = {}
@@ -224,10 +257,20 @@ class _Evaluation:
             rollouts = max(self.budgets)
         elif mode == "bon":
             rollouts = max(self.bon_sizes)
+        elif mode == "mt_bon":
+            rollouts = max(self.turns)
         config = self._search_config(mode, rollouts)
 
         def run(finished: Callable[[Trajectory], None], done: Collection[str]) -> None:
-            run_search(self.tasks, self.engine, sandbox, config, on_trajectory=finished, done=done)
+            run_search(
+                self.tasks,
+                self.engine,
+                sandbox,
+                config,
+                on_trajectory=finished,
+                done=done,
+                tie_break=self.tie_break,
+            )
 
         return self._resumable(mode, self._resume_key(mode, rollouts), run)
 
@@ -323,12 +366,15 @@ class _Evaluation:
 
     def _search_config(self, mode: EvalMode, rollouts: int | None) -> CodeQConfig:
         """The config `mode` searches with: its search mode, rewarded by the visible tests only,
-        sized for the largest budget this evaluation reads (MCTS rollouts, best-of-N's N)."""
+        sized for the largest budget this evaluation reads (MCTS rollouts, best-of-N's N,
+        multi-turn best-of-N's turns)."""
         search: dict[str, Any] = {"mode": SEARCH_MODE_OF[mode], "reward_tests": "visible"}
         if mode == "mcts":
             search["rollouts"] = rollouts
         elif mode == "bon":
             search["bon_samples"] = rollouts
+        elif mode == "mt_bon":
+            search["mt_bon_turns"] = rollouts
         return self.config.derive(search=search)
 
     def _resume_key(self, mode: str, rollouts: int | None, samples: int | None = None) -> str:
@@ -349,6 +395,9 @@ class _Evaluation:
         }
         if samples is not None:  # only sampled answers' keys have it: earlier keys are unchanged
             described["samples"] = samples
+        if self.tie_break is not critique_tie_break:  # likewise: another tie-break's trees differ
+            tie_break = self.tie_break
+            described["tie_break"] = getattr(tie_break, "__qualname__", type(tie_break).__name__)
         encoded = json.dumps(described, sort_keys=True).encode()
         return hashlib.sha256(encoded).hexdigest()[:16]
 
@@ -363,8 +412,8 @@ class _Evaluation:
         """Score the program each task returns when it may pick only from its `candidates`
         (all its rewrites, or those of a smaller budget)."""
         programs = [
-            final_answer(nodes, trajectory.nodes[0]).program
-            for trajectory, nodes in zip(trajectories, candidates, strict=True)
+            final_answer(nodes, trajectory.nodes[0], task, self.tie_break).program
+            for task, trajectory, nodes in zip(self.tasks, trajectories, candidates, strict=True)
         ]
         solved = fully_passed(self.tasks, programs, sandbox)
         written = sum(len(nodes) for nodes in candidates)
@@ -408,6 +457,17 @@ class _Evaluation:
                 trajectories, candidates, seconds, sandbox, samples=size
             )
         results.modes["bon"] = results.bon_ablation[str(self.config.search.bon_samples)]
+
+    def _add_mt_bon(
+        self, results: EvalResults, trajectories: list[Trajectory], seconds: float, sandbox: Any
+    ) -> None:
+        samples = self.config.search.mt_bon_samples
+        for turns in self.turns:  # turn t's samples are the nodes of rollout t
+            candidates = [rewrites_within_budget(t, turns) for t in trajectories]
+            results.mt_bon_ablation[str(turns)] = self._score(
+                trajectories, candidates, seconds, sandbox, rollouts=turns, samples=samples
+            )
+        results.modes["mt_bon"] = results.mt_bon_ablation[str(max(self.turns))]
 
 
 _RESUME_PREFIX, _RESUME_TREES, _RESUME_STATE = "trajectories-", ".partial.jsonl", ".partial.json"

@@ -48,6 +48,8 @@ SEARCH_KEYS = [
     "search.exploration",
     "search.widening",
     "search.bon_samples",
+    "search.mt_bon_samples",
+    "search.mt_bon_turns",
     "search.prompt",
     "search.refine",
     "search.reward_tests",
@@ -83,11 +85,32 @@ TRAIN_KEYS = [
     "policy.quantization",  # NF4 on CUDA trains QLoRA
 ]
 
+# What the learned verifier's weights depend on (verifier.enabled and .fallback decide whether
+# and where it is used, not what it learns).
+VERIFIER_KEYS = [
+    "verifier.lora_r",
+    "verifier.lora_alpha",
+    "verifier.lora_dropout",
+    "verifier.target_modules",
+    "verifier.learning_rate",
+    "verifier.epochs",
+    "verifier.max_steps",
+    "verifier.batch_size",
+    "verifier.gradient_accumulation_steps",
+    "verifier.max_length",
+    "verifier.max_programs_per_task",
+    "verifier.eval_fraction",
+    "verifier.seed",
+    "policy.model",
+    "policy.dtype",
+]
+
 # Stage -> the config keys its output depends on. "section.*" means every key of the section.
 STAGE_KEYS: dict[str, list[str]] = {
     "prepare": ["tasks.*", *SANDBOX_KEYS],  # oracles run in the sandbox to build hidden tests
     "collect": [*GENERATION_KEYS, *SEARCH_KEYS, "search.max_tasks", *SANDBOX_KEYS],
-    "pairs": ["pairs.*"],
+    "verifier": [*VERIFIER_KEYS, *SANDBOX_KEYS],  # labels the sandbox finds, where needed
+    "pairs": ["pairs.*", "verifier.fallback"],
     "train": TRAIN_KEYS,
     "evaluate": [
         *GENERATION_KEYS,
@@ -100,6 +123,9 @@ STAGE_KEYS: dict[str, list[str]] = {
         "promotion.max_tasks",
         "promotion.samples",
         "promotion.guard_modes",
+        "evaluate.tie_break",
+        "verifier.enabled",  # the verifier's AUC on the validation rewrites
+        "verifier.fallback",
     ],
     "promote": ["promotion.modes", "promotion.level", "promotion.samples", "promotion.guard_modes"],
     "report": [],

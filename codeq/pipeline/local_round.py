@@ -12,7 +12,7 @@ from codeq.config import CodeQConfig, dump_config
 from codeq.config_layers import PRESETS_DIR
 from codeq.logs import log
 from codeq.pipeline.round_state import finished_rounds, next_round, require_previous_finished
-from codeq.pipeline.stages import STAGE_FUNCTIONS, STAGES, StageContext
+from codeq.pipeline.stages import STAGE_FUNCTIONS, STAGES, StageContext, round_stages
 from codeq.store import RoundLayout, join_key, open_store
 
 LOCAL_ROUND_PRESET = PRESETS_DIR / "laptop.yaml"
@@ -29,6 +29,7 @@ class RoundProgress:
     round: int | None = None  # the round running now
     stage: str | None = None  # its stage running now
     stages_done: list[str] = field(default_factory=list)  # its stages complete (run or kept)
+    stages: list[str] = field(default_factory=lambda: list(STAGES))  # the round's, in order
 
     def describe(self) -> str:
         """E.g. 'round 0 finished; round 1 stopped in train (stage 4/7) after prepare,
@@ -38,14 +39,15 @@ class RoundProgress:
             plural = "s" if len(self.rounds_done) > 1 else ""
             parts.append(f"round{plural} {', '.join(map(str, self.rounds_done))} finished")
         if self.round is not None and self.stage is not None:
-            index = STAGES.index(self.stage) + 1
+            index = self.stages.index(self.stage) + 1
             done = (
                 f"after {', '.join(self.stages_done)} finished"
                 if self.stages_done
                 else "before any stage finished"
             )
             parts.append(
-                f"round {self.round} stopped in {self.stage} (stage {index}/{len(STAGES)}) {done}"
+                f"round {self.round} stopped in {self.stage} (stage {index}/{len(self.stages)}) "
+                f"{done}"
             )
         return "; ".join(parts) or "no stage had started"
 
@@ -59,9 +61,10 @@ def run_round(
     force: bool = False,
     progress: RoundProgress | None = None,
 ) -> dict[str, Any]:
-    """Run prepare -> collect -> pairs -> train -> evaluate -> promote -> report of round
-    `config.store.round` against `config.store` (stages already complete there are skipped);
-    returns timings and paths. Refused while the previous round of the run has not finished.
+    """Run prepare -> collect (-> verifier, when verifier.enabled) -> pairs -> train -> evaluate
+    -> promote -> report of round `config.store.round` against `config.store` (stages already
+    complete there are skipped); returns timings and paths. Refused while the previous round of
+    the run has not finished.
 
     `engines` holds policies loaded by earlier rounds (lineage id -> engine; kept and extended
     here, so a promoted candidate is not loaded again as the next round's policy) and may name a
@@ -81,8 +84,9 @@ def run_round(
     results: dict[str, Any] = {}
     started = time.perf_counter()
     progress.round, progress.stages_done = context.layout.round, []
-    for index, stage in enumerate(STAGES, start=1):
-        log(f"=== round {context.layout.round}, stage {index}/{len(STAGES)}: {stage} ===")
+    progress.stages = stages = round_stages(config)
+    for index, stage in enumerate(stages, start=1):
+        log(f"=== round {context.layout.round}, stage {index}/{len(stages)}: {stage} ===")
         progress.stage = stage
         stage_started = time.perf_counter()
         arguments: dict[str, Any] = {"source": source} if stage == "prepare" else {}

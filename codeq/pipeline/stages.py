@@ -348,9 +348,16 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
     keeping = ctx.store.is_complete(prefix) and not ctx.force
     shards = _recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)
     inputs = {f"collect shard {index}": ctx.layout.shard(index) for index in shards}
+    if ctx.config.pairs.q_ai == "verifier":  # the round's verifier gives Q_ai
+        inputs.update(tasks=ctx.layout.stage("tasks"), verifier=ctx.layout.stage("verifier"))
     run = _begin(ctx, prefix, "pairs", inputs=inputs)
     if run.skipped:
         return run.skipped
+    q_ai = None
+    if ctx.config.pairs.q_ai == "verifier":
+        from codeq.pipeline.verifier import pairs_q_ai
+
+        q_ai = pairs_q_ai(ctx, _download_tasks(ctx))
     shard_files: list[Path] = []
     for index in shards:
         shard_dir = ctx.workdir(f"pairs-in/shard-{index}")
@@ -360,7 +367,7 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
 
     out_dir = ctx.workdir("pairs")
     log(f"pairs: building preference pairs from {len(shard_files)} shard(s)")
-    stats = make_pairs(shard_files, out_dir, ctx.config)
+    stats = make_pairs(shard_files, out_dir, ctx.config, q_ai=q_ai)
     ctx.store.put_dir(prefix, out_dir)
     return _finish(ctx, run, {"pairs": stats["pairs"], "trajectories": stats["trajectories"]})
 
@@ -461,22 +468,70 @@ def candidate_policy(ctx: StageContext, adapter_dir: Path) -> Lineage:
 # ------------------------------------------------------------------------------ evaluate
 
 EVAL_ROLES = ("candidate", "incumbent")
+EVAL_SPLITS: tuple[Split, ...] = ("validation", "test")
+EVAL_SHARDS = "eval-shards"  # runs/<run>/round-<n>/eval-shards/shard-<i>/: a sharded evaluation
 
 
-def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
+def evaluate_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1) -> dict[str, Any]:
     """Evaluate the round's candidate (the incumbent with the new adapter merged) and the
     incumbent (the run's current policy, scored again every round; the trees an earlier round
     searched for it are reused) on the same tasks: the validation split in promotion.modes and
     promotion.guard_modes, with promotion.samples sampled answers per task in the first mode
     (promotion decides there), and the test split in evaluate.modes (reported only). Writes
-    eval/<role>/<split>/results.json."""
+    eval/<role>/<split>/results.json.
+
+    With shard_count > 1 (the evaluate Indexed Job), shard i evaluates whole search groups of
+    each split (codeq.shards.shard_of_groups) into eval-shards/shard-<i>/, and the shard that
+    finds every shard complete merges them into eval/ (merge_eval_shards): what one process
+    writes, wall times aside."""
+    check_job_shard(shard_index, shard_count)
     prefix = ctx.layout.stage("eval")
-    inputs = _policy_inputs(
-        ctx, tasks=ctx.layout.stage("tasks"), adapter=ctx.layout.stage("adapter")
-    )
+    inputs = _eval_inputs(ctx)
     run = _begin(ctx, prefix, "evaluate", inputs=inputs)
     if run.skipped:
         return run.skipped
+    if shard_count > 1:
+        return _evaluate_shard(ctx, run, inputs, shard_index, shard_count)
+    out_dir = ctx.workdir("eval")
+    if run.replacing:  # forced: do not resume the evaluation being replaced
+        _empty(out_dir)
+    policies, summary = _evaluate_policies(ctx, out_dir)
+    summary.update(_record_verifier(ctx, _download_tasks(ctx), out_dir))
+    write_json(out_dir / "summary.json", summary)
+    ctx.store.put_dir(prefix, out_dir)
+    return _finish(ctx, run, {"policies": list(policies), **summary})
+
+
+def _record_verifier(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """eval/verifier.json (the scorer that chose tied answers, the verifier's validation AUC)
+    and its line in the summary; nothing for a round that uses no verifier."""
+    from codeq.pipeline.verifier import describe, record_evaluation
+
+    return describe(record_evaluation(ctx, tasks_dir, out_dir))
+
+
+def _eval_inputs(ctx: StageContext) -> dict[str, str]:
+    from codeq.pipeline.verifier import uses_verifier
+
+    inputs = {"tasks": ctx.layout.stage("tasks"), "adapter": ctx.layout.stage("adapter")}
+    if uses_verifier(ctx.config):  # it breaks ties among answers, its AUC is recorded
+        inputs["verifier"] = ctx.layout.stage("verifier")
+    return _policy_inputs(ctx, **inputs)
+
+
+def _empty(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+
+
+def _evaluate_policies(
+    ctx: StageContext, out_dir: Path, shard: tuple[int, int] | None = None
+) -> tuple[dict[str, Lineage], dict[str, Any]]:
+    """Each policy on each of its splits, into out_dir/<role>/<split>/; with `shard`, only the
+    shard's part of each split (a split it gets no task of is left out). Returns the policies
+    and the summary (per role and split: the primary mode's counts; per role: its lineage)."""
+    from codeq.evaluate.run import load_eval_tasks
+
     tasks_dir = _download_tasks(ctx)
     adapter = download_adapter(ctx, "eval-adapter")
     policies = {"incumbent": current_policy(ctx)}
@@ -485,28 +540,149 @@ def evaluate_stage(ctx: StageContext) -> dict[str, Any]:
     else:
         log("evaluate: no adapter was trained this round; evaluating the incumbent only")
     has_validation = _count_lines(tasks_dir / "validation.jsonl") > 0
-    out_dir = ctx.workdir("eval")
-    if run.replacing:  # forced: do not resume the evaluation being replaced
-        shutil.rmtree(out_dir)
-        out_dir.mkdir(parents=True)
     summary: dict[str, Any] = {}
     for role, policy in policies.items():
         splits: list[Split] = ["test"]
         if adapter is not None and has_validation:
             splits = ["validation", "test"]
         for split in splits:
+            config, _ = _split_config(ctx.config, split)
+            if shard is not None and not load_eval_tasks(
+                tasks_dir, split, config.evaluate.max_tasks, shard, config.search.parallel_trees
+            ):
+                log(f"evaluate shard {shard[0]}: none of the {split} tasks' groups is this shard's")
+                continue
             log(f"evaluate: the {role} ({policy.describe()}) on the {split} tasks")
             _carry_over_searches(ctx, policy, split, out_dir / role / split)
-            results = _evaluate(ctx, policy, tasks_dir, split, out_dir / role / split)
-            summary[f"{role}/{split}"] = {
-                "mode": results.primary_mode,
-                "solved": results.primary().solved,
-                "tasks": results.primary().n,
-            }
+            results = _evaluate(ctx, policy, tasks_dir, split, out_dir / role / split, shard)
+            summary[f"{role}/{split}"] = _summary_of(results)
         summary[role] = policy.model_dump(mode="json")
+    return policies, summary
+
+
+def _summary_of(results: EvalResults) -> dict[str, Any]:
+    return {
+        "mode": results.primary_mode,
+        "solved": results.primary().solved,
+        "tasks": results.primary().n,
+    }
+
+
+def eval_shard_prefix(ctx: StageContext, index: int) -> str:
+    return join_key(ctx.layout.stage(EVAL_SHARDS), f"shard-{index}")
+
+
+def _eval_shard_overrides(ctx: StageContext, count: int) -> dict[str, Any]:
+    """What a shard's output depends on beyond the evaluation's own fingerprint: which tasks
+    are its own (the shard count and the group size)."""
+    return {"shard_count": count, "shard_group": ctx.config.search.parallel_trees}
+
+
+def _evaluate_shard(
+    ctx: StageContext, merged: StageRun, inputs: dict[str, str], index: int, count: int
+) -> dict[str, Any]:
+    """Shard `index` of a sharded evaluation (kept when complete under the same fingerprint),
+    then the merge when every shard is complete. Each shard writes its marker before it looks
+    at the others', so the last one to finish sees them all (two that finish together may both
+    merge: the merge is deterministic and the marker create-only)."""
+    prefix = eval_shard_prefix(ctx, index)
+    run = _begin(
+        ctx,
+        prefix,
+        f"evaluate shard {index}",
+        inputs=inputs,
+        overrides=_eval_shard_overrides(ctx, count),
+        config_of="evaluate",
+    )
+    if not run.skipped:
+        out_dir = ctx.workdir(f"eval-shard-{index}")
+        if run.replacing or merged.replacing:
+            _empty(out_dir)
+        policies, summary = _evaluate_policies(ctx, out_dir, (index, count))
+        ctx.store.put_dir(prefix, out_dir)
+        info = {"shard_index": index, "shard_count": count, "policies": list(policies)}
+        _finish(ctx, run, {**info, **summary})
+    waiting = unfinished_eval_shards(ctx, count, run.fingerprint)
+    if waiting:
+        log(
+            f"evaluate shard {index}: shard(s) {waiting} of {count} not complete yet; the last "
+            f"one to finish merges them into {ctx.store.describe(merged.prefix)}"
+        )
+        return {"skipped": run.skipped is not None, "shard_index": index, "merged": False}
+    return merge_eval_shards(ctx, count, merged)
+
+
+def unfinished_eval_shards(ctx: StageContext, count: int, fingerprint: Fingerprint) -> list[int]:
+    """The shards of a `count`-shard evaluation without a marker of `fingerprint`."""
+    waiting = []
+    for index in range(count):
+        prefix = eval_shard_prefix(ctx, index)
+        recorded = (
+            ctx.store.marker(prefix).get("fingerprint") if ctx.store.is_complete(prefix) else None
+        )
+        if not isinstance(recorded, dict) or recorded.get("sha256") != fingerprint.sha256:
+            waiting.append(index)
+    return waiting
+
+
+def merge_eval_shards(ctx: StageContext, count: int, run: StageRun | None = None) -> dict[str, Any]:
+    """Merge the `count` shards of the round's evaluation into eval/ (codeq.evaluate.shards);
+    `run` is the evaluation's own (begun by the calling shard). Refused while a shard is not
+    complete under the same config and inputs."""
+    from codeq.evaluate.run import load_eval_tasks
+    from codeq.evaluate.shards import merge_shard_folders
+
+    if run is None:
+        run = _begin(ctx, ctx.layout.stage("eval"), "evaluate", inputs=_eval_inputs(ctx))
+        if run.skipped:
+            return run.skipped
+
+    shard_fingerprint = stage_fingerprint(
+        ctx.config, "evaluate", run.fingerprint.inputs, _eval_shard_overrides(ctx, count)
+    )
+    waiting = unfinished_eval_shards(ctx, count, shard_fingerprint)
+    if waiting:
+        raise MissingInputError(
+            f"cannot merge the evaluation: shard(s) {waiting} of {count} under "
+            f"{ctx.store.describe(ctx.layout.stage(EVAL_SHARDS))} are not complete (no marker, "
+            "or one made with another config or other inputs)",
+            hint=f"run every index of the evaluate Job (JOB_COMPLETION_INDEX 0..{count - 1}, "
+            f"JOB_COMPLETION_COUNT={count}) to the end; the last one to finish merges",
+        )
+    if ctx.store.is_complete(run.prefix):
+        log(f"evaluate: another shard merged {ctx.store.describe(run.prefix)} first")
+        return {"skipped": True, **ctx.store.marker(run.prefix)}
+    log(f"evaluate: merging {count} shards into {ctx.store.describe(run.prefix)}")
+    tasks_dir = _download_tasks(ctx)
+    markers, folders = [], []
+    for index in range(count):
+        prefix = eval_shard_prefix(ctx, index)
+        markers.append(ctx.store.marker(prefix))
+        folder = ctx.workdir(f"eval-merge/shard-{index}")
+        _empty(folder)
+        ctx.store.get_dir(prefix, folder)
+        folders.append(folder)
+    out_dir = ctx.workdir("eval-merge/eval")
+    _empty(out_dir)
+    policies: list[str] = markers[0]["policies"]
+    summary: dict[str, Any] = {}
+    for role in policies:
+        for split in EVAL_SPLITS:
+            parts = [f / role / split for f in folders if (f / role / split).is_dir()]
+            if not parts:
+                continue
+            config, _ = _split_config(ctx.config, split)
+            tasks = load_eval_tasks(tasks_dir, split, config.evaluate.max_tasks)
+            results = merge_shard_folders(parts, out_dir / role / split, tasks)
+            summary[f"{role}/{split}"] = _summary_of(results)
+        summary[role] = markers[0][role]
+    summary.update(_record_verifier(ctx, tasks_dir, out_dir))
     write_json(out_dir / "summary.json", summary)
-    ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, run, {"policies": list(policies), **summary})
+    ctx.store.put_dir(run.prefix, out_dir)
+    # the stage's wall time: its slowest shard's, then this merge
+    slowest = max(float(marker.get("seconds") or 0.0) for marker in markers)
+    run.started = min(run.started, time.perf_counter() - slowest)
+    return _finish(ctx, run, {"policies": policies, **summary, "shards": count})
 
 
 def _carry_over_searches(ctx: StageContext, policy: Lineage, split: Split, out_dir: Path) -> None:
@@ -544,24 +720,36 @@ def _carry_over_searches(ctx: StageContext, policy: Lineage, split: Split, out_d
             return
 
 
+def _split_config(config: CodeQConfig, split: Split) -> tuple[CodeQConfig, dict[str, int]]:
+    """The config a split is evaluated with, and its sampled answers per mode: validation runs
+    promotion's modes and guard modes on promotion.max_tasks tasks, with promotion.samples
+    sampled answers in the first mode; test runs evaluate.modes."""
+    if split != "validation":
+        return config, {}
+    promotion = config.promotion
+    modes = list(dict.fromkeys([*promotion.modes, *promotion.guard_modes]))
+    config = config.model_copy(
+        update={
+            "evaluate": config.evaluate.model_copy(
+                update={"modes": modes, "max_tasks": promotion.max_tasks}
+            )
+        }
+    )
+    return config, {promotion.modes[0]: promotion.samples}
+
+
 def _evaluate(
-    ctx: StageContext, policy: Lineage, tasks_dir: Path, split: Split, out_dir: Path
+    ctx: StageContext,
+    policy: Lineage,
+    tasks_dir: Path,
+    split: Split,
+    out_dir: Path,
+    shard: tuple[int, int] | None = None,
 ) -> EvalResults:
     from codeq.evaluate import evaluate
+    from codeq.pipeline.verifier import evaluation_tie_break
 
-    config = ctx.config
-    samples: dict[str, int] = {}
-    if split == "validation":  # promotion's modes, its guard modes, its sampled answers
-        promotion = config.promotion
-        modes = list(dict.fromkeys([*promotion.modes, *promotion.guard_modes]))
-        config = config.model_copy(
-            update={
-                "evaluate": config.evaluate.model_copy(
-                    update={"modes": modes, "max_tasks": promotion.max_tasks}
-                )
-            }
-        )
-        samples = {promotion.modes[0]: promotion.samples}
+    config, samples = _split_config(ctx.config, split)
     return evaluate(
         tasks_dir,
         out_dir,
@@ -570,6 +758,8 @@ def _evaluate(
         engine=load_policy(ctx, policy),
         policy=policy,  # type: ignore[arg-type]
         samples=samples,
+        shard=shard,
+        tie_break=evaluation_tie_break(ctx),
     )
 
 
@@ -678,7 +868,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
     wanted = {
         "pairs": ["stats.json"],
         "adapter": ["metrics.json"],
-        "eval": ["candidate/test/results.json", "incumbent/test/results.json"],
+        "eval": ["candidate/test/results.json", "incumbent/test/results.json", "verifier.json"],
         "promote": ["decision.json"],
     }
     found: dict[str, Path] = {}
@@ -703,6 +893,7 @@ def report_stage(ctx: StageContext) -> dict[str, Any]:
         base_results=found.get("eval/incumbent/test/results.json"),
         train_metrics=found.get("adapter/metrics.json"),
         pair_stats=found.get("pairs/stats.json"),
+        verifier=found.get("eval/verifier.json"),
         decision=decision,
         learning_curve=curve,
         examples=examples,
@@ -734,16 +925,21 @@ def _example_fixes(ctx: StageContext, inputs: Path, role: str) -> list[dict[str,
 
 
 def stage_rows(ctx: StageContext) -> list[dict[str, Any]]:
-    """One row per completed stage of the round (each collect shard its own): wall seconds and
-    the config fingerprint its marker records."""
+    """One row per completed stage of the round (each collect and evaluate shard its own): wall
+    seconds and the config fingerprint its marker records."""
     prefixes = [("prepare", ctx.layout.stage("tasks"))]
     shards = join_key(ctx.layout.round_prefix, "trajectories")
     for key in ctx.store.list(shards):
         if key.endswith(f"/{MARKER_NAME}") and key.count("/") == shards.count("/") + 2:
             shard = key.rsplit("/", 2)[1]
             prefixes.append((f"collect {shard}", key.rsplit("/", 1)[0]))
-    for stage, name in (("pairs", "pairs"), ("train", "adapter"), ("evaluate", "eval")):
+    for stage, name in (("verifier", "verifier"), ("pairs", "pairs"), ("train", "adapter")):
         prefixes.append((stage, ctx.layout.stage(name)))
+    eval_shards = ctx.layout.stage(EVAL_SHARDS)
+    for key in ctx.store.list(eval_shards):
+        if key.endswith(f"/{MARKER_NAME}") and key.count("/") == eval_shards.count("/") + 2:
+            prefixes.append((f"evaluate {key.rsplit('/', 2)[1]}", key.rsplit("/", 1)[0]))
+    prefixes.append(("evaluate", ctx.layout.stage("eval")))
     prefixes.append(("promote", ctx.layout.stage("promote")))
     rows = []
     for stage, prefix in prefixes:
@@ -761,10 +957,27 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]]:
     return rows
 
 
+def verifier_stage(ctx: StageContext) -> dict[str, Any]:
+    """Train the round's learned verifier (codeq.pipeline.verifier; a round runs it after
+    collect when verifier.enabled: `round_stages`)."""
+    from codeq.pipeline.verifier import verifier_stage as train_round_verifier
+
+    return train_round_verifier(ctx)
+
+
+def round_stages(config: CodeQConfig) -> list[str]:
+    """The stages a round runs, in order: STAGES, and the verifier after collect when
+    verifier.enabled."""
+    from codeq.pipeline.verifier import round_stages as with_verifier
+
+    return with_verifier(STAGES, config)
+
+
 StageFunction = Callable[..., dict[str, Any]]
 STAGE_FUNCTIONS: dict[str, StageFunction] = {
     "prepare": prepare_stage,
     "collect": collect_stage,
+    "verifier": verifier_stage,
     "pairs": pairs_stage,
     "train": train_stage,
     "evaluate": evaluate_stage,

@@ -3,29 +3,38 @@
 The K samples of one prompt share its KV. A padded batch cache copies it into every row and
 reads every copy at every step; with prompts of hundreds of tokens and completions of a hundred,
 reading those copies is most of a large decode step on CPU (attention is bound by memory
-bandwidth). Here each distinct prompt's KV is kept once, and each row only its own new tokens:
+bandwidth). Here each distinct prompt's KV is kept once:
 
-    prompt part   [P, kv_heads, prompt_width, head_dim]   one per distinct prompt (right-padded)
-    own part      [B, kv_heads, capacity, head_dim]        one per sequence, written step by step
+    prompt part   [P, kv_heads, width, head_dim]       one per distinct prompt (right-padded)
+    own part      [rows, kv_heads, capacity, head_dim]  one per sample of a shared prompt
+
+A prompt that one sequence reads alone (a critique, a batch of distinct prompts) is *private*:
+its sequence writes its own tokens right after it in the prompt part, and its attention is one
+fused call over both. The samples of a shared prompt write their own tokens apart: a step scores
+their queries against the prompt (one call over all the prompt's rows) and against each row's
+own tokens, merged by log-sum-exp into one softmax over both.
 
 Sequences join (`add`) and leave (`keep`) at any step, so rows hold different numbers of own
-tokens (`lengths`): the batch stays full while the work that feeds it arrives piecemeal (a
-search tree asks for its critiques when its rewrites are tested). A step's attention scores every
-row's query against its prompt (the queries of one prompt's rows go through one call) and
-against its own tokens, merged into one softmax over both. The model's own modules compute
-everything else (see `codeq.policy.attention`).
+tokens: the batch stays full while the work that feeds it arrives piecemeal (a search tree asks
+for its critiques when its rewrites are tested). Nothing in a step reads the device back: the
+host knows every row's length (all rows advance together), which decides every shape and branch.
+A row that leaves moves only the rows that take its place; prompts no row reads any more are
+skipped, and no buffer is reallocated until the batch outgrows it. The model's own modules
+compute everything else (see `codeq.policy.attention`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from codeq.policy.prefix_cache import LayerKV
 
 
 class DecodeBatch:
-    """Rows are sequences; `owners[row]` is the index of the row's prompt in `prompts`, and
-    `capacity` the most own tokens any row will write."""
+    """Rows are sequences; `host_owners[row]` is the index of the row's prompt in the prompt
+    part, and `capacity` the most own tokens any row will write."""
 
     def __init__(self, prompts: list[list[LayerKV]], owners: list[int], capacity: int):
         import torch
@@ -33,232 +42,396 @@ class DecodeBatch:
         first = prompts[0][0][0]
         self.device, self.dtype = first.device, first.dtype
         self.kv_heads, self.head_dim, self.layers = first.shape[1], first.shape[3], len(prompts[0])
-        self.prompts: list[list[LayerKV]] = []
-        self.owners = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.own_keys = [self._own_buffer(0, capacity) for _ in range(self.layers)]
-        self.own_values = [self._own_buffer(0, capacity) for _ in range(self.layers)]
+        self.capacity = 0
+        empty = first.new_zeros(0, self.kv_heads, 0, self.head_dim)
+        self.prompt_keys: list[Any] = [empty] * self.layers
+        self.prompt_values: list[Any] = [empty] * self.layers
+        self.prompt_sizes: list[int] = []  # tokens of each prompt
+        self.private: list[bool] = []  # by prompt: one row reads it, its own tokens follow it
+        self.host_owners: list[int] = []
+        self.joined: list[int] = []  # by row: the step it joined at (own length: steps - joined)
+        self.steps = 0
+        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # own tokens by row
+        self.own_keys: list[Any] = [empty] * self.layers  # allocated once a prompt is shared
+        self.own_values: list[Any] = [empty] * self.layers
         self.add(prompts, owners, capacity)
 
     @property
     def rows(self) -> int:
-        return len(self.owners)
+        return len(self.host_owners)
 
-    @property
-    def capacity(self) -> int:
-        return int(self.own_keys[0].shape[2])
+    def own_length(self, row: int) -> int:
+        return self.steps - self.joined[row]
+
+    def host_lengths(self) -> list[int]:
+        return [self.steps - joined for joined in self.joined]
 
     def add(self, prompts: list[list[LayerKV]], owners: list[int], capacity: int) -> None:
-        """New rows after the current ones, with no own tokens yet: `owners` index `prompts`.
-        Prompts no row reads any more are dropped now (the prompt part is rebuilt anyway)."""
+        """New rows after the current ones, with no own tokens yet: `owners` index `prompts`,
+        and a prompt only one of them reads is private. Prompts no row reads any more are
+        dropped now (the prompt part is rebuilt anyway)."""
         import torch
 
-        used = sorted(set(self.owners.tolist()))
-        kept = [self.prompts[i] for i in used] + prompts
+        capacity = max(capacity, self.capacity)
+        used = sorted(set(self.host_owners))
+        lengths = self.host_lengths()
+        row_of = {owner: row for row, owner in enumerate(self.host_owners)}
+        # What each kept prompt holds in the prompt part: itself, and a private one its row's
+        # own tokens.
+        held = [self.prompt_sizes[p] + (lengths[row_of[p]] if self.private[p] else 0) for p in used]
+        counts = Counter(owners)
+        sizes = [self.prompt_sizes[p] for p in used] + [p[0][0].shape[2] for p in prompts]
+        private = [self.private[p] for p in used] + [counts[i] == 1 for i in range(len(prompts))]
         # Shortest prompt first, so that attention reads them in buckets of similar length
-        # (`prompt_buckets`). `position` maps an index in `kept` to the prompt's new index.
-        order = sorted(range(len(kept)), key=lambda i: kept[i][0][0].shape[2])
-        position = torch.empty(len(kept), dtype=torch.long, device=self.device)
-        position[order] = torch.arange(len(kept), device=self.device)
-        renumber = torch.zeros(max(len(self.prompts), 1), dtype=torch.long, device=self.device)
-        renumber[used] = position[: len(used)]
-        old_owners = renumber[self.owners] if self.rows else self.owners
-        new_owners = torch.tensor(owners, dtype=torch.long, device=self.device) + len(used)
-        new_owners = position[new_owners]
-        self.prompts = [kept[i] for i in order]
-        self.prompt_keys, self.prompt_values, self.prompt_lengths, self.prompt_bias = stack_prompts(
-            self.prompts
-        )
-        self.prompt_buckets = length_buckets(self.prompt_lengths.tolist())
-        self._resize_own(self.rows + len(owners), max(capacity, self.capacity))
-        self.lengths = torch.cat([self.lengths, torch.zeros_like(new_owners)])
-        self._set_owners(torch.cat([old_owners, new_owners]))
+        # (`prompt_buckets`). `position` maps an index in `sizes` to the prompt's new index.
+        order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+        position = [0] * len(sizes)
+        for new, old in enumerate(order):
+            position[old] = new
+        width = max(s + (capacity if p else 0) for s, p in zip(sizes, private, strict=True))
+        kept_to = torch.tensor(position[: len(used)], dtype=torch.long, device=self.device)
+        kept_from = torch.tensor(used, dtype=torch.long, device=self.device)
+        for parts, which in ((self.prompt_keys, 0), (self.prompt_values, 1)):
+            for layer in range(self.layers):
+                stacked = self._zeros(len(sizes), width)
+                if used:
+                    kept = max(held)
+                    stacked[kept_to, :, :kept] = parts[layer][kept_from, :, :kept]
+                for index, prompt in enumerate(prompts, start=len(used)):
+                    stacked[position[index], :, : sizes[index]] = prompt[layer][which][0]
+                parts[layer] = stacked
+        renumber = {p: position[u] for u, p in enumerate(used)}
+        self.host_owners = [renumber[o] for o in self.host_owners]
+        self.host_owners += [position[len(used) + o] for o in owners]
+        self.joined += [self.steps] * len(owners)
+        self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(len(owners))])
+        self.prompt_sizes = [sizes[i] for i in order]
+        self.private = [private[i] for i in order]
+        self.prompt_lengths = torch.tensor(self.prompt_sizes, device=self.device)
+        self.prompt_buckets = length_buckets(self.prompt_sizes)
+        padding = torch.arange(width, device=self.device) >= self.prompt_lengths[:, None]
+        self._padding_bias = attention_bias(padding[:, None, None, :], self.dtype)
+        self.capacity = capacity
+        if not all(self.private[o] for o in self.host_owners):
+            self._grow_own(lengths)
+        self._layout()
 
     def positions(self) -> Any:
         """Position of each row's next token."""
         return self.prompt_lengths[self.owners] + self.lengths
 
-    def keep(self, rows: Any) -> None:
-        """Keep only these rows (finished sequences leave the batch). Only the own tokens
-        written so far are copied."""
-        self._resize_own(len(rows), self.capacity, keep=rows)
-        self.lengths = self.lengths[rows]
-        self._set_owners(self.owners[rows])
+    def keep(self, rows: Iterable[Any]) -> None:
+        """Keep only these rows, in this order (finished sequences leave the batch). Only the
+        own tokens of rows that change place are copied, within the same buffers."""
+        import torch
+
+        rows = [int(row) for row in rows]
+        lengths = self.host_lengths()
+        moved = [
+            (new, old)
+            for new, old in enumerate(rows)
+            if new != old and not self.private[self.host_owners[old]]
+        ]
+        written = max((lengths[old] for _, old in moved), default=0)
+        if written:
+            to = torch.tensor([new for new, _ in moved], device=self.device)
+            source = torch.tensor([old for _, old in moved], device=self.device)
+            for buffer in (*self.own_keys, *self.own_values):
+                buffer[to, :, :written] = buffer[source, :, :written]
+        self.host_owners = [self.host_owners[row] for row in rows]
+        self.joined = [self.joined[row] for row in rows]
+        self.lengths = self.lengths[torch.tensor(rows, dtype=torch.long, device=self.device)]
+        if rows:
+            self._layout()
 
     def advance(self) -> None:
         """One token per row has been written by every layer."""
+        self.steps += 1
         self.lengths += 1
 
-    def own_length(self, row: int) -> int:
-        return int(self.lengths[row])
-
     def sequence_kv(self, row: int) -> list[LayerKV]:
-        """Prompt and own KV of one row, as one [1, kv_heads, length, head_dim] per layer."""
+        """Prompt and own KV of one row, as one [1, kv_heads, length, head_dim] per layer (copies:
+        the prefix cache keeps them)."""
         import torch
 
-        owner, length = int(self.owners[row]), int(self.prompt_lengths[self.owners[row]])
-        own = self.own_length(row)
+        owner, own = self.host_owners[row], self.own_length(row)
+        size = self.prompt_sizes[owner]
+        if self.private[owner]:
+            return [
+                (
+                    pk[owner : owner + 1, :, : size + own].clone(),
+                    pv[owner : owner + 1, :, : size + own].clone(),
+                )
+                for pk, pv in zip(self.prompt_keys, self.prompt_values, strict=True)
+            ]
         return [
             (
-                torch.cat([pk[owner : owner + 1, :, :length], ok[row : row + 1, :, :own]], 2),
-                torch.cat([pv[owner : owner + 1, :, :length], ov[row : row + 1, :, :own]], 2),
+                torch.cat([pk[owner : owner + 1, :, :size], ok[row : row + 1, :, :own]], 2),
+                torch.cat([pv[owner : owner + 1, :, :size], ov[row : row + 1, :, :own]], 2),
             )
             for pk, pv, ok, ov in zip(
                 self.prompt_keys, self.prompt_values, self.own_keys, self.own_values, strict=True
             )
         ]
 
-    def _resize_own(self, rows: int, capacity: int, keep: Any = None) -> None:
-        """New own buffers of `rows` rows; the current rows (or those in the index `keep`)
-        go first, with only the tokens written so far copied."""
-        written = int(self.lengths.max()) if self.rows else 0
-        for parts in (self.own_keys, self.own_values):
-            for layer, old in enumerate(parts):
-                kept = old[:, :, :written]
-                if keep is not None:
-                    kept = kept.index_select(0, keep)
-                resized = self._own_buffer(rows, capacity)
-                resized[: len(kept), :, :written] = kept
-                parts[layer] = resized
+    # -------------------------------------------------------------- layout (on changes)
 
-    def _own_buffer(self, rows: int, capacity: int) -> Any:
+    def _zeros(self, rows: int, width: int) -> Any:
         import torch
 
-        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        shape = (rows, self.kv_heads, width, self.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-    def _set_owners(self, owners: Any) -> None:
-        """Rows are grouped by prompt into slots: slot = owner * group_width + rank. Also
-        prepares the step: which own positions each row sees."""
+    def _grow_own(self, lengths: list[int]) -> None:
+        """Own buffers for every row and `capacity` tokens; reallocated (copying the tokens
+        written so far, `lengths` by current row) only when they are too small."""
+        allocated, room = self.own_keys[0].shape[0], self.own_keys[0].shape[2]
+        if allocated >= self.rows and room >= self.capacity:
+            return
+        written = max(lengths, default=0) if allocated else 0
+        for parts in (self.own_keys, self.own_values):
+            for layer, old in enumerate(parts):
+                grown = self._zeros(max(self.rows, allocated), self.capacity)
+                if written:
+                    grown[:allocated, :, :written] = old[:, :, :written]
+                parts[layer] = grown
+
+    def _layout(self) -> None:
+        """Everything a step needs that changes only when rows join or leave: which prompts
+        are read (runs of prompts some row reads, within one length bucket), where each row's
+        queries go among them (slot = prompt * group_width + rank), which rows are private."""
         import torch
 
-        self.owners = owners
-        prompts = len(self.prompt_lengths)
-        counts = torch.bincount(owners, minlength=prompts)
-        self.group_width = int(counts.max())
-        order = torch.argsort(owners, stable=True)
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.empty_like(owners)
-        rank[order] = torch.arange(len(owners), device=self.device) - starts[owners[order]]
-        self.slots = owners * self.group_width + rank
-        self.row_index = torch.arange(len(owners), device=self.device)
-        # Rows in prompt order with every group full: slots are rows, no scatter needed.
-        self.dense = prompts * self.group_width == len(owners) and bool(
-            (self.slots == self.row_index).all()
+        live = set(self.host_owners)
+        runs: list[tuple[int, int]] = []
+        for start, stop, _ in self.prompt_buckets:
+            begin = None
+            for prompt in range(start, stop + 1):
+                if prompt < stop and prompt in live:
+                    begin = prompt if begin is None else begin
+                elif begin is not None:
+                    runs.append((begin, prompt))
+                    begin = None
+        compact: dict[int, int] = {}
+        self.runs: list[tuple[int, int, int]] = []  # (first prompt, stop, first slot group)
+        for begin, stop in runs:
+            self.runs.append((begin, stop, len(compact)))
+            for prompt in range(begin, stop):
+                compact[prompt] = len(compact)
+        self.attended = len(compact)
+        self.group_width = max(Counter(self.host_owners).values())
+        seen: Counter[int] = Counter()
+        slots = []
+        for owner in self.host_owners:
+            slots.append(compact[owner] * self.group_width + seen[owner])
+            seen[owner] += 1
+        self.dense = self.attended * self.group_width == self.rows and slots == list(
+            range(self.rows)
         )
+        self.slots = torch.tensor(slots, device=self.device)
+        self.owners = torch.tensor(self.host_owners, device=self.device)
+        self.private_rows = [r for r, owner in enumerate(self.host_owners) if self.private[owner]]
+        self.shared = len(self.private_rows) < self.rows
+        self._private_row_of = {self.host_owners[r]: r for r in self.private_rows}
+        if not self.private_rows:
+            return
+        index = torch.tensor(self.private_rows, device=self.device)
+        owners = self.owners[index]
+        heads = torch.arange(self.kv_heads, device=self.device)
+        width = self.prompt_keys[0].shape[2]
+        # Row r of private prompt p writes kv head h's token at flat row (p * kv_heads + h) *
+        # width + size_p + length_r of the prompt part seen as [P * kv_heads * width, head_dim].
+        self._private_base = (
+            owners[:, None] * self.kv_heads + heads
+        ) * width + self.prompt_lengths[owners][:, None]
+        self._private_index = None if len(self.private_rows) == self.rows else index
+        private_prompt = torch.zeros(len(self.prompt_sizes), dtype=torch.bool, device=self.device)
+        private_prompt[owners] = True
+        sole_row = torch.zeros(len(self.prompt_sizes), dtype=torch.long, device=self.device)
+        sole_row[owners] = index
+        self._private_prompt, self._sole_row = private_prompt, sole_row
+        mask = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
+        mask[index] = True
+        self._private_mask = mask[:, None, None, None]
 
-    def attend(self, layer: int, query: Any, key: Any, value: Any, scaling: float) -> Any:
-        """Attention output [B, 1, heads, head_dim] of one decode step at `layer`; `key`/`value`
-        ([B, kv_heads, 1, head_dim]) are this step's, written into the rows' own part first.
-        The prompt part and the own part are attended separately and merged by their
-        log-sum-exp, which is exactly one softmax over both."""
+    # -------------------------------------------------------------- one step
 
-        if layer == 0:
-            self._prepare_own_attention()
-        own_keys, own_values = self.own_keys[layer], self.own_values[layer]
-        self._write_own(own_keys, key)
-        self._write_own(own_values, value)
-        rows, heads, _, head_dim = query.shape
-        kv_heads = own_keys.shape[1]
-        groups = heads // kv_heads  # query head h reads kv head h // groups
-        query = query.view(rows, kv_heads, groups, head_dim)
-        # The prompts: one attention per prompt over all its rows' queries.
-        prompt_out, prompt_lse = self._attend_prompts(layer, self._to_slots(query), scaling)
-        prompt_out = self._from_slots(prompt_out, groups)
-        prompt_lse = self._from_slots(prompt_lse[..., None], groups)[..., 0]
-        own_out, own_lse = partial_attention(
-            query,
-            own_keys[:, :, : self._own_width],
-            own_values[:, :, : self._own_width],
-            self._own_bias,
-            scaling,
-        )
-        output = merge_partials(prompt_out, prompt_lse, own_out, own_lse)
-        return output.reshape(rows, 1, heads, head_dim)
-
-    def _attend_prompts(self, layer: int, slotted: Any, scaling: float) -> tuple[Any, Any]:
-        """Each bucket of similar-length prompts attended apart, each read only up to its
-        longest prompt: a batch padded to its longest prompt reads the padding of every
-        shorter one (measured in a search: a quarter more than the prompts' own length)."""
+    def _prepare(self) -> None:
+        """This step's positions, from the host's lengths: how far each run of prompts is read
+        (a private prompt up to its row's token of this step) and what hides the rest; where
+        each row writes its own token and what it reads of its own part."""
         import torch
 
-        keys, values = self.prompt_keys[layer], self.prompt_values[layer]
-        parts = [
-            partial_attention(
-                slotted[start:stop],
-                keys[start:stop, :, :width],
-                values[start:stop, :, :width],
-                self.prompt_bias[start:stop, :, :, :width],
-                scaling,
+        lengths = self.host_lengths()
+        self._run_widths, self._run_masked = [], []
+        for begin, stop, _ in self.runs:
+            limits = [
+                self.prompt_sizes[p]
+                + (lengths[self._private_row_of[p]] + 1 if p in self._private_row_of else 0)
+                for p in range(begin, stop)
+            ]
+            self._run_widths.append(max(limits))
+            self._run_masked.append(min(limits) < max(limits))
+        if self.private_rows:
+            own = self.lengths if self._private_index is None else self.lengths[self._private_index]
+            self._private_slots = (self._private_base + own[:, None]).reshape(-1)
+            extra = torch.where(self._private_prompt, self.lengths[self._sole_row] + 1, 0)
+            ends = self.prompt_lengths + extra
+            positions = torch.arange(max(self._run_widths), device=self.device)
+            self._prompt_bias = attention_bias(
+                (positions >= ends[:, None])[:, None, None, :], self.dtype
             )
-            for start, stop, width in self.prompt_buckets
-        ]
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([out for out, _ in parts]), torch.cat([lse for _, lse in parts])
-
-    def _prepare_own_attention(self) -> None:
-        """This step's own positions: where each row writes, and what it reads: up to the
-        longest row's, a shorter row's later positions hidden (none when all are as long)."""
-        import torch
-
-        self._own_width = int(self.lengths.max()) + 1
-        self._uniform = bool((self.lengths == self.lengths[0]).all())
+        else:
+            self._prompt_bias = self._padding_bias
+        if not self.shared:
+            return
+        self._own_width = max(lengths) + 1
+        self._uniform = min(lengths) == max(lengths)
         if self._uniform:
             self._own_bias = None
             return
         # Row r, kv head h writes at flat row (r * kv_heads + h) * capacity + lengths[r] of
         # the own buffer seen as [rows * kv_heads * capacity, head_dim]: one index_copy_.
+        room = self.own_keys[0].shape[2]
         heads = torch.arange(self.kv_heads, device=self.device)
-        starts = (self.row_index[:, None] * self.kv_heads + heads[None, :]) * self.capacity
+        rows = torch.arange(self.rows, device=self.device)
+        starts = (rows[:, None] * self.kv_heads + heads[None, :]) * room
         self._own_slots = (starts + self.lengths[:, None]).reshape(-1)
         positions = torch.arange(self._own_width, device=self.device)
         hidden = positions[None, :] > self.lengths[:, None]
         self._own_bias = attention_bias(hidden[:, None, None, :], self.dtype)
 
+    def attend(self, layer: int, query: Any, key: Any, value: Any, scaling: float) -> Any:
+        """Attention output [B, 1, heads, head_dim] of one decode step at `layer`; `key`/`value`
+        ([B, kv_heads, 1, head_dim]) are this step's, written first (a private row's after its
+        prompt, a shared prompt's row's into its own part). Rows of shared prompts attend the
+        prompt and their own part apart, merged by log-sum-exp: exactly one softmax over both."""
+        import torch
+
+        if layer == 0:
+            self._prepare()
+        if self.private_rows:
+            self._write_private(self.prompt_keys[layer], key)
+            self._write_private(self.prompt_values[layer], value)
+        rows, heads, _, head_dim = query.shape
+        groups = heads // self.kv_heads  # query head h reads kv head h // groups
+        query = query.view(rows, self.kv_heads, groups, head_dim)
+        # The prompts: one attention per run of prompts over all their rows' queries.
+        prompt_out, prompt_lse = self._attend_prompts(layer, self._to_slots(query), scaling)
+        prompt_out = self._from_slots(prompt_out, groups)
+        if not self.shared:
+            return prompt_out.reshape(rows, 1, heads, head_dim)
+        own_keys, own_values = self.own_keys[layer], self.own_values[layer]
+        self._write_own(own_keys, key)
+        self._write_own(own_values, value)
+        prompt_lse = self._from_slots(prompt_lse[..., None], groups)[..., 0]
+        own_out, own_lse = partial_attention(
+            query,
+            own_keys[:rows, :, : self._own_width],
+            own_values[:rows, :, : self._own_width],
+            self._own_bias,
+            scaling,
+        )
+        output = merge_partials(prompt_out, prompt_lse, own_out, own_lse)
+        if self.private_rows:  # private rows: the prompt part was everything
+            output = torch.where(self._private_mask, prompt_out, output)
+        return output.reshape(rows, 1, heads, head_dim)
+
+    def _attend_prompts(self, layer: int, slotted: Any, scaling: float) -> tuple[Any, Any]:
+        """Each run of similar-length prompts attended apart, each read only up to its longest
+        prompt: a batch padded to its longest prompt reads the padding of every shorter one
+        (measured in a search: a quarter more than the prompts' own length)."""
+        import torch
+
+        keys, values = self.prompt_keys[layer], self.prompt_values[layer]
+        parts = [
+            partial_attention(
+                slotted[first : first + stop - begin],
+                keys[begin:stop, :, :width],
+                values[begin:stop, :, :width],
+                self._prompt_bias[begin:stop, :, :, :width] if masked else None,
+                scaling,
+                need_lse=self.shared,
+            )
+            for (begin, stop, first), width, masked in zip(
+                self.runs, self._run_widths, self._run_masked, strict=True
+            )
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        lse = torch.cat([lse for _, lse in parts]) if self.shared else None
+        return torch.cat([out for out, _ in parts]), lse
+
+    def _write_private(self, buffer: Any, step: Any) -> None:
+        """This step's keys or values of the private rows, right after their prompts' tokens
+        and the ones they wrote before."""
+        if self._private_index is not None:
+            step = step.index_select(0, self._private_index)
+        buffer.view(-1, self.head_dim).index_copy_(
+            0, self._private_slots, step.reshape(-1, self.head_dim)
+        )
+
     def _write_own(self, buffer: Any, step: Any) -> None:
         """Write this step's keys or values ([B, kv_heads, 1, head_dim]) at each row's length."""
         if self._uniform:
-            buffer[:, :, self._own_width - 1] = step[:, :, 0]
+            buffer[: self.rows, :, self._own_width - 1] = step[:, :, 0]
         else:
             flat = buffer.view(-1, self.head_dim)
             flat.index_copy_(0, self._own_slots, step.reshape(-1, self.head_dim))
 
     def _to_slots(self, per_row: Any) -> Any:
-        """[B, kv_heads, groups, n] -> [P, kv_heads, group_width * groups, n] (empty slots 0)."""
+        """[B, kv_heads, groups, n] -> [attended, kv_heads, group_width * groups, n] (empty
+        slots 0)."""
         rows, kv_heads, groups, n = per_row.shape
-        prompts = len(self.prompt_lengths)
         if self.dense:
             slotted = per_row
         else:
-            slotted = per_row.new_zeros(prompts * self.group_width, kv_heads, groups, n)
+            slotted = per_row.new_zeros(self.attended * self.group_width, kv_heads, groups, n)
             slotted.index_copy_(0, self.slots, per_row)
-        slotted = slotted.view(prompts, self.group_width, kv_heads, groups, n).transpose(1, 2)
-        return slotted.reshape(prompts, kv_heads, self.group_width * groups, n)
+        slotted = slotted.view(self.attended, self.group_width, kv_heads, groups, n).transpose(1, 2)
+        return slotted.reshape(self.attended, kv_heads, self.group_width * groups, n)
 
     def _from_slots(self, per_slot: Any, groups: int) -> Any:
-        """Inverse of `_to_slots`: [P, kv_heads, group_width * groups, n] -> [B, ...]."""
+        """Inverse of `_to_slots`: [attended, kv_heads, group_width * groups, n] -> [B, ...]."""
         prompts, kv_heads, _, n = per_slot.shape
         per_slot = per_slot.view(prompts, kv_heads, self.group_width, groups, n).transpose(1, 2)
         per_slot = per_slot.reshape(prompts * self.group_width, kv_heads, groups, n)
         return per_slot if self.dense else per_slot[self.slots]
 
 
-def partial_attention(query: Any, keys: Any, values: Any, bias: Any, scaling: float) -> Any:
+def partial_attention(
+    query: Any, keys: Any, values: Any, bias: Any, scaling: float, need_lse: bool = True
+) -> Any:
     """(softmax(q k^T * scaling + bias) v, log-sum-exp of the scores) per query row; query
     [N, kv_heads, q, d], keys/values [N, kv_heads, length, d], bias [N, 1, 1, length] or None.
-    On CPU PyTorch's fused kernel (small batched bf16 matmuls cost 10-20 us each there; measured
-    in a whole decode step at 16 rows, 15-20% faster than matmuls), elsewhere plain matmuls."""
+    On CPU PyTorch's fused kernel, which returns both (small batched bf16 matmuls cost 10-20 us
+    each there; measured in a whole decode step at 16 rows, 15-20% faster than matmuls).
+    Elsewhere the fused `scaled_dot_product_attention` where the log-sum-exp is not needed
+    (`need_lse` False: it is returned as None), else plain matmuls with float32 scores."""
     if query.device.type == "cpu":
         return fused_cpu_attention(query, keys, values, bias, scaling)
+    if not need_lse:
+        return fused_attention(query, keys, values, bias, scaling), None
     return matmul_attention(query, keys, values, bias, scaling)
 
 
-def fused_cpu_attention(query: Any, keys: Any, values: Any, bias: Any, scaling: float) -> Any:
+def fused_attention(query: Any, keys: Any, values: Any, bias: Any, scaling: float) -> Any:
+    """The attention output alone, in one fused call (scores accumulate in float32 inside)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=bias, scale=scaling)
+
+
+def fused_cpu_attention(
+    query: Any, keys: Any, values: Any, bias: Any, scaling: float, is_causal: bool = False
+) -> Any:
+    """PyTorch's fused CPU kernel: (output, log-sum-exp). Query heads may be a multiple of the
+    kv heads (query head h reads kv head h // (heads / kv_heads)); `is_causal` (query i sees
+    keys up to i) skips the blocks above the diagonal."""
     import torch
 
     output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, keys, values, attn_mask=bias, scale=scaling
+        query, keys, values, is_causal=is_causal, attn_mask=bias, scale=scaling
     )
     return output, lse
 

@@ -241,12 +241,12 @@ class PolicyEngine:
                     position_ids=batch.positions(),
                     use_cache=False,
                     kv_batch=batch,
-                    logits_to_keep=1,
+                    logits_to_keep=batch.last_tokens(),
                 )
             for row, index in enumerate(group):
                 kv = batch.prompt_kv(row)
                 self.prefixes.add(prompts[index], kv)
-                results[index] = (kv, output.logits[row : row + 1, -1])
+                results[index] = (kv, output.logits[row : row + 1, 0])
             self.stats.prefilled_tokens += sum(len(tails[i]) for i in group)
         return results
 

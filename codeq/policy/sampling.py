@@ -15,13 +15,20 @@ CANDIDATES = 256  # tokens looked at before falling back to a full sort for a ro
 
 
 def sample_tokens(
-    logits: Any, temperature: float, top_p: float, uniforms: Any | None = None
+    logits: Any,
+    temperature: float,
+    top_p: float,
+    uniforms: Any | None = None,
+    branches: bool | None = None,
 ) -> Any:
     """One token id per row of `logits` (batch x vocab): the argmax at temperature 0, else a
     draw from softmax(logits / temperature) restricted to the nucleus: the most likely tokens
     whose probability before them is at most `top_p` (the most likely token always stays).
     `uniforms` (rows x 1, in [0, 1)) are the random numbers of the draws; by default torch's
-    global generator makes them."""
+    global generator makes them (on the logits' device). `branches` (default: on CPU) sorts
+    in full only the rows whose candidates miss the nucleus, which needs their number on the
+    host; without, every row is also drawn from its full sort and the draw picked per row on
+    the device (the same tokens: no read back, as a GPU step wants)."""
     import torch
 
     if temperature <= 0:
@@ -35,6 +42,13 @@ def sample_tokens(
     top_logits, top_ids = scaled.topk(k, dim=-1)
     top_probabilities = (top_logits - scaled.logsumexp(dim=-1, keepdim=True)).exp()
     covered = top_probabilities.sum(dim=-1) > top_p  # the nucleus lies within the candidates
+    if branches is None:
+        branches = logits.device.type == "cpu"
+    if not branches:
+        from_candidates = _draw_nucleus(top_probabilities, top_ids, top_p, uniforms)
+        full_logits, full_ids = scaled.sort(dim=-1, descending=True)
+        from_all = _draw_nucleus(full_logits.softmax(dim=-1), full_ids, top_p, uniforms)
+        return torch.where(covered, from_candidates, from_all)
     chosen = torch.empty(scaled.shape[0], dtype=torch.long, device=scaled.device)
     rows = covered.nonzero().squeeze(-1)
     if len(rows):

@@ -4,6 +4,7 @@ at the end of the line that gives a score (a critique)."""
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, Literal
 
 FENCE = "```"
@@ -13,6 +14,11 @@ _SCORE_LINE = re.compile(r"score\W{0,3}\d+(?:\.\d+)?(?:\s*(?:/|out of)\s*\d+)?[^
 # ... or once its number runs past any score's length: a small model's greedy critique can write
 # '99.99999…' to the token budget (SmolLM2 on an AVX-512 CPU); what it wrote is read as it is.
 _RUNAWAY_SCORE = re.compile(r"score\W{0,3}[\d.]{8}", re.I)
+# A text that did not stop can only stop once it gets the last character of a match: the
+# closing fence's backtick, the score line's newline, a runaway score's digit or point.
+_COMPLETES = {"code": re.compile("`"), "score": re.compile(r"[\d.\n]")}
+# The text of one token by tokenizer: a step's stop check looks a token up, not decodes it.
+_PIECES: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
 class StopCondition:
@@ -36,11 +42,27 @@ class StopCondition:
             return True
         if self.kind == "none":
             return False
-        self.tail += self.tokenizer.decode([token])
-        finished = closes_code_block(self.tail) if self.kind == "code" else gives_score(self.tail)
+        piece = token_piece(self.tokenizer, token)
+        self.tail += piece
+        if step > 1 and not _COMPLETES[self.kind].search(piece):
+            return False  # the text before did not stop, and this piece cannot complete a match
+        text = self.tail
+        finished = closes_code_block(text) if self.kind == "code" else gives_score(text)
         if finished:
             self.length = step
         return finished
+
+
+def token_piece(tokenizer: Any, token: int) -> str:
+    """`tokenizer.decode([token])`, remembered per tokenizer."""
+    try:
+        pieces = _PIECES.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that takes no weak reference
+        return str(tokenizer.decode([token]))
+    piece = pieces.get(token)
+    if piece is None:
+        piece = pieces[token] = tokenizer.decode([token])
+    return piece
 
 
 def closes_code_block(text: str) -> bool:

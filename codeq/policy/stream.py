@@ -21,6 +21,7 @@ from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import DecodeBatch
 from codeq.policy.prefix_cache import LayerKV, PrefixCache
 from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
+from codeq.policy.samples import sample_seed
 from codeq.policy.sampling import sample_tokens
 from codeq.policy.stopping import StopCondition, StopKind, cut_after_code_block
 
@@ -79,19 +80,19 @@ class _Sequence:
     ticket: int
     sample: int
     stop: StopCondition
-    generator: Any = None  # the sample's own torch.Generator when its request has a seed
+    seed: int | None = None  # its own generator's seed when its request has one
     tokens: list[int] = field(default_factory=list)
 
 
-def _sample_generator(seed: int | None, sample: int) -> Any:
-    """The generator of one sample of a seeded request (CPU: the draw is one number a step)."""
-    if seed is None:
-        return None
+def _sample_uniforms(seed: int, count: int) -> Any:
+    """The first `count` numbers of one seeded sample's own generator: the uniforms of its
+    draws, one a token (a block of torch.rand on a CPU generator is the same numbers as one
+    call a number)."""
     import torch
 
     generator = torch.Generator()
-    generator.manual_seed((seed * 1_000_003 + sample) % (2**63))
-    return generator
+    generator.manual_seed(seed)
+    return torch.rand(count, generator=generator)
 
 
 class GenerationStream:
@@ -106,6 +107,12 @@ class GenerationStream:
         self.sequences: list[_Sequence] = []  # in batch row order
         self.batch: DecodeBatch | None = None
         self.logits: Any = None  # next-token logits of every live sequence
+        # By row: the uniforms of a seeded sample's draws, one column a token (on the device,
+        # read at the row's length), and whether the row is seeded.
+        self.draws: Any = None
+        self.seeded: Any = None
+        self._any_seeded = False
+        self._settings: list[tuple[float, float, Any]] = []  # (temperature, top-p, rows)
         self._next_ticket = 0
 
     @property
@@ -170,13 +177,16 @@ class GenerationStream:
         distinct, read = self.engine.read_prompts(prompts)
         owner_of = {prompt: owner for owner, prompt in enumerate(distinct)}
         owners: list[int] = []
+        joining: list[_Sequence] = []
         for ticket in admitted:
             entry = self.tickets[ticket]
             owner = owner_of[tuple(entry.prompt_ids)]
             for sample in range(entry.request.n):
                 stop = self.engine.stop_condition(entry.request.stop, entry.request.prefix)
-                generator = _sample_generator(entry.request.seed, sample)
-                self.sequences.append(_Sequence(ticket, sample, stop, generator))
+                seed = (
+                    None if entry.request.seed is None else sample_seed(entry.request.seed, sample)
+                )
+                joining.append(_Sequence(ticket, sample, stop, seed))
                 owners.append(owner)
         capacity = max(self.tickets[t].request.max_new_tokens for t in admitted)
         kv = [layers for layers, _ in read]
@@ -186,8 +196,47 @@ class GenerationStream:
             self.batch.add(kv, owners, capacity)
         logits = [read[owner][1] for owner in owners]
         self.logits = torch.cat(logits if self.logits is None else [self.logits, *logits])
+        self._add_draws(joining)
+        self.sequences += joining
+        self._rows_changed()
         self.engine.stats.admissions += 1
         self.engine.stats.prompt_tokens += sum(len(p) for p in prompts)
+
+    def _add_draws(self, joining: list[_Sequence]) -> None:
+        """The joining rows' uniforms: a seeded sample's whole budget drawn now from its own
+        generator (the numbers it would draw one a step), copied to the device once."""
+        import torch
+
+        width = max(self.tickets[s.ticket].request.max_new_tokens for s in joining)
+        draws = torch.zeros(len(joining), width)
+        for row, sequence in enumerate(joining):
+            if sequence.seed is not None:
+                budget = self.tickets[sequence.ticket].request.max_new_tokens
+                draws[row, :budget] = _sample_uniforms(sequence.seed, budget)
+        device = self.logits.device
+        draws = draws.to(device)
+        seeded = torch.tensor([s.seed is not None for s in joining], device=device)
+        if self.draws is not None:
+            width = max(width, self.draws.shape[1])
+            draws = torch.cat([_widened(self.draws, width), _widened(draws, width)])
+            seeded = torch.cat([self.seeded, seeded])
+        self.draws, self.seeded = draws, seeded
+
+    def _rows_changed(self) -> None:
+        """What the sampling of a step needs that changes only when rows join or leave: the
+        rows of each (temperature, top-p), whether any row is seeded."""
+        import torch
+
+        groups: dict[tuple[float, float], list[int]] = {}
+        for row, sequence in enumerate(self.sequences):
+            request = self.tickets[sequence.ticket].request
+            groups.setdefault((request.temperature, request.top_p), []).append(row)
+        device = self.logits.device
+        self._settings = [
+            (temperature, top_p, None if len(groups) == 1 else torch.tensor(rows, device=device))
+            for (temperature, top_p), rows in groups.items()
+        ]
+        self._any_seeded = any(s.seed is not None for s in self.sequences)
 
     # -------------------------------------------------------------- decoding
 
@@ -199,7 +248,7 @@ class GenerationStream:
         chosen = self._sample()
         keep: list[int] = []
         finished: list[tuple[int, GenerationResult]] = []
-        for row, token in enumerate(chosen.tolist()):
+        for row, token in enumerate(chosen.tolist()):  # the step's one read from the device
             sequence = self.sequences[row]
             sequence.tokens.append(token)
             request = self.tickets[sequence.ticket].request
@@ -209,13 +258,15 @@ class GenerationStream:
             else:
                 keep.append(row)
         if not keep:
-            self.sequences, self.batch, self.logits = [], None, None
+            self.sequences, self.batch, self.logits, self.draws = [], None, None, None
             return finished
         if len(keep) < len(self.sequences):
-            index = torch.tensor(keep, device=self.batch.device)
-            self.batch.keep(index)
-            chosen = chosen[index]
-            self.sequences = [self.sequences[row] for row in keep]
+            rows = fill_holes(keep, len(self.sequences))
+            self.batch.keep(rows)
+            index = torch.tensor(rows, device=chosen.device)
+            chosen, self.draws, self.seeded = chosen[index], self.draws[index], self.seeded[index]
+            self.sequences = [self.sequences[row] for row in rows]
+            self._rows_changed()
         with batch_attention(self.engine.model):
             output = self.engine.model(
                 input_ids=chosen[:, None],
@@ -236,29 +287,28 @@ class GenerationStream:
         with its own generator's random number when its request has a seed."""
         import torch
 
-        groups: dict[tuple[float, float], list[int]] = {}
-        for row, sequence in enumerate(self.sequences):
-            request = self.tickets[sequence.ticket].request
-            groups.setdefault((request.temperature, request.top_p), []).append(row)
         uniforms = self._uniforms()
-        if len(groups) == 1:
-            [(temperature, top_p)] = groups
+        if len(self._settings) == 1:
+            [(temperature, top_p, _)] = self._settings
             return sample_tokens(self.logits, temperature, top_p, uniforms)
         chosen = torch.empty(len(self.sequences), dtype=torch.long, device=self.logits.device)
-        for (temperature, top_p), rows in groups.items():
-            index = torch.tensor(rows, device=self.logits.device)
+        for temperature, top_p, index in self._settings:
             chosen[index] = sample_tokens(self.logits[index], temperature, top_p, uniforms[index])
         return chosen
 
     def _uniforms(self) -> Any:
-        """One uniform number per live sequence (rows x 1) for this step's draws."""
+        """One uniform number per live sequence (rows x 1) for this step's draws: torch's
+        global generator's for every row (drawn even for rows that do not use them, so that
+        what a seedless request draws depends only on the batch), a seeded row's own at its
+        length."""
         import torch
 
-        values = torch.rand(len(self.sequences), 1)
-        for row, sequence in enumerate(self.sequences):
-            if sequence.generator is not None:
-                values[row] = torch.rand(1, generator=sequence.generator)
-        return values.to(self.logits.device)
+        assert self.batch is not None
+        values = torch.rand(len(self.sequences), 1, device=self.logits.device)
+        if not self._any_seeded:
+            return values
+        own = self.draws.gather(1, self.batch.lengths[:, None])
+        return torch.where(self.seeded[:, None], own, values)
 
     def _finish(self, row: int, sequence: _Sequence) -> list[tuple[int, GenerationResult]]:
         """Record a finished sample (keeping its KV when the conversation will continue);
@@ -292,3 +342,20 @@ class GenerationStream:
                 self.tickets[ticket].seconds += share
         for _, result in finished:
             result.seconds += share
+
+
+def fill_holes(keep: list[int], rows: int) -> list[int]:
+    """The rows that stay (`keep`, ascending, of `rows`), in their new order: each leaving row
+    below the new end takes a staying row from past it, the others stay in place (so only
+    those few rows' KV move)."""
+    end = len(keep)
+    movers = iter(row for row in keep if row >= end)
+    staying = set(keep)
+    return [row if row in staying else next(movers) for row in range(end)]
+
+
+def _widened(draws: Any, width: int) -> Any:
+    """[rows, columns] draws with zero columns added up to `width`."""
+    import torch.nn.functional as F
+
+    return F.pad(draws, (0, width - draws.shape[1]))

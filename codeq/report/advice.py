@@ -147,7 +147,14 @@ def warnings_here(summary: dict[str, Any]) -> list[dict[str, str]]:
     found = []
     pairs, train = summary.get("pairs") or {}, summary.get("train") or {}
     auc, alpha = pairs.get("critique_auc"), pairs.get("alpha")
-    if auc is not None and alpha is not None and alpha < 1.0 and auc < CRITIQUE_SIGNAL_AUC:
+    critiqued = pairs.get("q_ai") != "verifier"  # a learned verifier gave Q_ai instead
+    if (
+        critiqued
+        and auc is not None
+        and alpha is not None
+        and alpha < 1.0
+        and auc < CRITIQUE_SIGNAL_AUC
+    ):
         warning = (
             f"critique AUC {auc:.2f} (0.5 is chance) blended at pairs.alpha={alpha:g}; "
             "the pairs stage suggests pairs.alpha=1.0"

@@ -21,9 +21,11 @@ def read_json_input(path: str | Path | None, what: str) -> dict[str, Any] | None
         return None
     candidate = Path(path)
     if candidate.is_dir():
-        candidate = candidate / {"evaluate": "results.json", "train": "metrics.json"}.get(
-            what, "stats.json"
-        )
+        candidate = candidate / {
+            "evaluate": "results.json",
+            "train": "metrics.json",
+            "verifier": "verifier.json",
+        }.get(what, "stats.json")
     if not candidate.is_file():
         raise MissingInputError(
             f"{what} input {candidate} does not exist", hint=f"run `codeq {what}` first"
@@ -80,6 +82,7 @@ def build_summary(
                 "by_category",
                 "dropped",
                 "critique_auc",
+                "q_ai",
             )
         }
         summary["pairs"]["alpha"] = (pair_stats.get("config") or {}).get("alpha")
@@ -125,6 +128,26 @@ def build_summary(
     if results is not None and base_results is not None:
         summary["comparison"] = compare_on_same_tasks(base_results, results)
     return summary
+
+
+def verifier_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """The report's view of eval/verifier.json: what chose among tied answers, and the learned
+    verifier's AUC on the validation rewrites (the self-critique's beside it)."""
+    validation = record.get("validation") or {}
+    info = record.get("verifier") or {}
+    return {
+        "tie_break": record.get("tie_break"),
+        "tie_break_asked": record.get("tie_break_asked"),
+        "missing": record.get("missing"),
+        "id": (info.get("adapter_sha256") or "")[:12] or None,
+        "heldout_auc": info.get("heldout_auc"),
+        "programs": info.get("programs") or {},
+        "validation_auc": validation.get("auc"),
+        "validation_programs": validation.get("programs"),
+        "validation_passing": validation.get("passing"),
+        "critique_auc": validation.get("critique_auc"),
+        "critiqued_programs": validation.get("critiqued_programs"),
+    }
 
 
 def _plots(
@@ -217,6 +240,7 @@ def render_report(
     base_results: str | Path | dict[str, Any] | None = None,
     train_metrics: str | Path | dict[str, Any] | None = None,
     pair_stats: str | Path | dict[str, Any] | None = None,
+    verifier: str | Path | dict[str, Any] | None = None,
     decision: Any = None,
     learning_curve: list[dict[str, Any]] | None = None,
     examples: list[dict[str, Any]] | None = None,
@@ -226,8 +250,9 @@ def render_report(
     """Write out_dir/report.json, report.md and index.html (plots embedded); return index.html.
 
     Each input is a stage's JSON output (path, folder or already-loaded dict); any may be absent,
-    but not all of them. `examples` are fixes the model made (codeq.report.examples); `stages`
-    one row per stage of the round: its name, wall seconds and config fingerprint;
+    but not all of them. `verifier` is the evaluation's eval/verifier.json (the learned
+    verifier's validation AUC, what chose tied answers). `examples` are fixes the model made
+    (codeq.report.examples); `stages` one row per stage of the round: its name, wall seconds and config fingerprint;
     `learning_curve` the run's policies on the test split (codeq.report.plots.draw_learning_curve),
     drawn when it holds more than one round's candidate."""
     loaded = {
@@ -247,6 +272,9 @@ def render_report(
             "nothing to report", hint="pass at least one of the eval, train or pairs outputs"
         )
     summary = build_summary(loaded["eval"], loaded["base"], loaded["train"], loaded["pairs"])
+    if verifier is not None:
+        record = verifier if isinstance(verifier, dict) else read_json_input(verifier, "verifier")
+        summary["verifier"] = verifier_summary(record or {})
     if decision is not None:  # a codeq.promotion.PromotionDecision
         summary["promotion"] = decision.model_dump(mode="json")
     if learning_curve:

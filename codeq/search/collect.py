@@ -18,6 +18,7 @@ from codeq.config import CodeQConfig
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_jsonl
 from codeq.search.mcts import Policy, Scorer, TrajectoryCallback, run_search
+from codeq.search.tree import TieBreak
 from codeq.shards import shard_of
 
 log = logging.getLogger(__name__)
@@ -48,13 +49,14 @@ def collect(
     on_trajectory: TrajectoryCallback | None = None,
     scorer: Scorer | None = None,
     progress: bool = True,
+    tie_break: TieBreak | None = None,
 ) -> dict[str, Any]:
     """Search the shard's tasks not yet in `out_path`; append one trajectory per task, each
     recording `lineage` (the searching policy; the configured base model when `engine` is
     loaded here from the config without an adapter), then hand it to `on_trajectory`.
 
     The search is config.search's (mode, rewards from reward_tests: 'all' on train tasks, at
-    most max_tasks tasks of the shard). Returns a summary."""
+    most max_tasks tasks of the shard; `tie_break` as in `run_search`). Returns a summary."""
     out_path = Path(out_path)
     tasks = shard_of(read_jsonl(tasks_path, Task), shard_index, shard_count)
     if config.search.max_tasks is not None:
@@ -73,7 +75,16 @@ def collect(
 
                 lineage = base_lineage(config.policy)
         trajectories = _search_and_append(
-            tasks, done, out_path, config, engine, lineage, on_trajectory, scorer, progress
+            tasks,
+            done,
+            out_path,
+            config,
+            engine,
+            lineage,
+            on_trajectory,
+            scorer,
+            progress,
+            tie_break,
         )
     stats = summarize(trajectories, config, len(tasks), len(tasks) - len(todo), out_path, started)
     stats["policy"] = lineage.model_dump(mode="json") if lineage is not None else None
@@ -90,6 +101,7 @@ def _search_and_append(
     on_trajectory: TrajectoryCallback | None,
     scorer: Scorer | None,
     progress: bool,
+    tie_break: TieBreak | None,
 ) -> list[Trajectory]:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     bar = progress_bar(len(tasks), "collect", enabled=progress)
@@ -106,12 +118,27 @@ def _search_and_append(
     try:
         if scorer is not None:
             return run_search(
-                tasks, engine, None, config, on_trajectory=append, scorer=scorer, done=done
+                tasks,
+                engine,
+                None,
+                config,
+                on_trajectory=append,
+                scorer=scorer,
+                done=done,
+                tie_break=tie_break,
             )
         from codeq.sandbox import Sandbox
 
         with Sandbox(config.sandbox) as sandbox:
-            return run_search(tasks, engine, sandbox, config, on_trajectory=append, done=done)
+            return run_search(
+                tasks,
+                engine,
+                sandbox,
+                config,
+                on_trajectory=append,
+                done=done,
+                tie_break=tie_break,
+            )
     finally:
         bar.close()
 

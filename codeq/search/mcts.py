@@ -2,8 +2,9 @@
 
 Each tree's search is written as a plain loop (`tree_search`): select a node by UCB1, ask the
 policy for K rewrites of it, extract and test every rewrite, ask the policy to critique every
-valid one, back up the pass fraction; until a full pass or the rollout budget. Where it needs
-the policy or the sandbox it yields what it needs and waits. `search` serves all trees at once:
+valid one, back up the pass fraction; until a full pass or the rollout budget. Multi-turn
+best-of-N (`multi_turn_search`) is the same expansion of the previous turn's best instead of a
+node chosen by UCB1. Where it needs the policy or the sandbox it yields what it needs and waits. `search` serves all trees at once:
 their rewrites and critiques share one continuous batch (a tree's critiques join it as soon as
 its rewrites are tested, not when every tree's are), their tests share each sandbox batch, and
 finished trees leave while waiting tasks take their place.
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Collection, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from codeq.config import CodeQConfig
@@ -22,7 +23,14 @@ from codeq.policy.critique import SCORE_PREFIX, critique_request, q_ai_from
 from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.policy.requests import GenerationRequest, GenerationResult
 from codeq.schemas import Node, Task, TestSplit, Trajectory, Verdict
-from codeq.search.tree import SearchSettings, Tree, request_seed, reward_of
+from codeq.search.tree import (
+    SearchSettings,
+    TieBreak,
+    Tree,
+    best_rewrite,
+    request_seed,
+    reward_of,
+)
 
 if TYPE_CHECKING:
     from codeq.sandbox import Sandbox
@@ -117,12 +125,16 @@ def run_search(
     on_trajectory: TrajectoryCallback | None = None,
     scorer: Scorer | None = None,
     done: Collection[str] = (),
+    tie_break: TieBreak | None = None,
 ) -> list[Trajectory]:
     """Search every task as config.search says (mode, reward_tests, rollouts or bon_samples)
     but those whose ids are in `done` (searched before an interruption); one trajectory per
     task searched, in task order. `on_trajectory` is called as soon as each tree finishes.
-    `scorer` replaces the sandbox scorer (tests)."""
+    `scorer` replaces the sandbox scorer (tests); `tie_break` the critique where rewrites
+    pass as many reward tests (a learned verifier)."""
     settings = SearchSettings.resolve(config, model=getattr(engine, "name", ""))
+    if tie_break is not None:
+        settings = replace(settings, tie_break=tie_break)
     if scorer is None:
         if sandbox is None:
             from codeq.errors import ConfigError
@@ -133,40 +145,63 @@ def run_search(
 
 
 def tree_search(tree: Tree) -> TreeSteps:
-    """One tree's whole search. Yields what it needs from the policy or the sandbox."""
-    settings = tree.settings
+    """One tree's whole search (MCTS; best-of-N is one expansion of the root). Yields what it
+    needs from the policy or the sandbox."""
     # 1. test the buggy program: the root starts with one visit worth its pass fraction
     [tree.root.verdict] = yield Score([tree.root.program])
     tree.backpropagate(tree.root, reward_of(tree.root.verdict))
     while not tree.done:
-        # 2. select a node by UCB1 and ask for K rewrites of it
-        leaf = tree.select()
-        request = tree.expansion_request(leaf)
-        [result] = yield Generate([request])
-        tree.rollouts_done += 1
-        tree.count_tokens(result)
-        # 3. extract each rewrite into a child node; invalid ones (empty/unchanged) stay untested
-        children = []
-        for text in result.texts:
-            program = extract_program(text)
-            valid = is_valid_rewrite(program, leaf.program, tree.task.buggy_code)
-            children.append(tree.add_child(leaf, list(request.messages), text, program, valid))
-        testable = [child for child in children if child.valid]
-        if testable:
-            # 4. test every valid rewrite on the reward tests
-            verdicts = yield Score([child.program for child in testable])
-            for child, verdict in zip(testable, verdicts, strict=True):
-                child.verdict = verdict
-            # 5. the policy critiques every valid rewrite (Q_ai)
-            if settings.critique:
-                critiques = yield Generate([critique_of(tree, child) for child in testable])
-                for child, critique in zip(testable, critiques, strict=True):
-                    child.critique = SCORE_PREFIX + critique.texts[0] if critique.texts else ""
-                    child.q_ai = q_ai_from(critique.texts, SCORE_PREFIX)
-                    tree.count_tokens(critique)
+        # 2. select a node by UCB1; 3-5. ask for K rewrites of it, test and critique them
+        children = yield from expand(tree, tree.select())
         # 6. backpropagate each rewrite's pass fraction to the root
         for child in children:
             tree.backpropagate(child, reward_of(child.verdict))
+
+
+def multi_turn_search(tree: Tree) -> TreeSteps:
+    """Multi-turn best-of-N, as muCode searches: each turn samples N rewrites of one program
+    (the buggy one first), tests and critiques them; the turn's best by reward tests, then the
+    tie-break, is the next turn's program, its failing visible tests in the prompt
+    (`Tree.prompt_for`). Up to T turns (`settings.rollouts`); stops at a full pass. A turn
+    without a valid rewrite is asked again from the same program, with its own seed."""
+    [tree.root.verdict] = yield Score([tree.root.program])
+    tree.backpropagate(tree.root, reward_of(tree.root.verdict))
+    current = tree.root
+    while not tree.done:
+        children = yield from expand(tree, current)
+        for child in children:
+            tree.record_own(child, reward_of(child.verdict))
+        current = best_rewrite(children, tree.task, tree.settings.tie_break) or current
+
+
+def expand(tree: Tree, leaf: Node) -> Generator[Generate | Score, Any, list[Node]]:
+    """One rollout: K rewrites of `leaf` as its children, the valid ones tested on the reward
+    tests and critiqued (Q_ai); returns the children."""
+    settings = tree.settings
+    request = tree.expansion_request(leaf)
+    [result] = yield Generate([request])
+    tree.rollouts_done += 1
+    tree.count_tokens(result)
+    # extract each rewrite into a child node; invalid ones (empty/unchanged) stay untested
+    children = []
+    for text in result.texts:
+        program = extract_program(text)
+        valid = is_valid_rewrite(program, leaf.program, tree.task.buggy_code)
+        children.append(tree.add_child(leaf, list(request.messages), text, program, valid))
+    testable = [child for child in children if child.valid]
+    if testable:
+        # test every valid rewrite on the reward tests
+        verdicts = yield Score([child.program for child in testable])
+        for child, verdict in zip(testable, verdicts, strict=True):
+            child.verdict = verdict
+        # the policy critiques every valid rewrite (Q_ai)
+        if settings.critique:
+            critiques = yield Generate([critique_of(tree, child) for child in testable])
+            for child, critique in zip(testable, critiques, strict=True):
+                child.critique = SCORE_PREFIX + critique.texts[0] if critique.texts else ""
+                child.q_ai = q_ai_from(critique.texts, SCORE_PREFIX)
+                tree.count_tokens(critique)
+    return children
 
 
 def critique_of(tree: Tree, node: Node) -> GenerationRequest:
@@ -284,7 +319,8 @@ class _Searching:
         while self.waiting and len(self.trees) < self.settings.parallel_trees:
             index, task = self.waiting.popleft()
             tree = Tree(task=task, settings=self.settings, index=index)
-            self.trees[index] = (tree, tree_search(tree))
+            steps = multi_turn_search(tree) if tree.settings.mode == "mt_bon" else tree_search(tree)
+            self.trees[index] = (tree, steps)
             self._resume(index, None)
 
     def score(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from codeq.config import SEARCH_MODES, CodeQConfig, SearchMode, eval_mode_of
@@ -19,6 +19,17 @@ from codeq.policy.prompts import (
 )
 from codeq.policy.requests import GenerationRequest, GenerationResult
 from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdict
+
+TieBreak = Callable[[Task, Sequence[Node]], list[float]]
+"""Scores of one task's tested rewrites (higher: more likely to pass every test), one per node:
+what chooses among rewrites that pass as many reward tests (the final answer, a multi-turn
+turn's best). The default reads the self-critique (`critique_tie_break`); a learned verifier
+plugs in here (`run_search(..., tie_break=...)`, `evaluate(..., tie_break=...)`)."""
+
+
+def critique_tie_break(task: Task, nodes: Sequence[Node]) -> list[float]:
+    """The self-critique's Q_ai of each node (0 where it was not critiqued)."""
+    return [node.q_ai or 0.0 for node in nodes]
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,7 @@ class SearchSettings:
     seed: int = 0
     deterministic: bool = True
     model: str = ""
+    tie_break: TieBreak = critique_tie_break
 
     @classmethod
     def resolve(cls, config: CodeQConfig, *, model: str = "") -> SearchSettings:
@@ -80,7 +92,7 @@ class SearchSettings:
             "refine": search.refine,
             "widening": search.widening,
         }
-        if chosen in ("mcts", "bon"):
+        if chosen in ("mcts", "bon", "mt_bon"):
             sampled = {
                 "temperature": search.temperature,
                 "top_p": search.top_p,
@@ -93,6 +105,15 @@ class SearchSettings:
                     rollouts=search.rollouts,
                     rewrites=search.rewrites_per_expansion,
                     max_depth=search.max_depth,
+                    **sampled,  # type: ignore[arg-type]
+                )
+            if chosen == "mt_bon":  # a turn is one expansion (rollout) of N samples, one deeper
+                turns = search.mt_bon_turns
+                return cls(
+                    mode="mt_bon",
+                    rollouts=turns,
+                    rewrites=search.mt_bon_samples,
+                    max_depth=turns,
                     **sampled,  # type: ignore[arg-type]
                 )
             return cls(mode="bon", rollouts=1, rewrites=search.bon_samples, max_depth=1, **sampled)  # type: ignore[arg-type]
@@ -118,17 +139,27 @@ def request_seed(seed: int, task_id: str, *parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
-def final_rule_key(node: Node) -> tuple[float, float, int, int]:
-    """The order of the final answer: highest reward-test pass fraction, then critique score,
-    then shallower, then earlier (never the hidden tests)."""
-    return reward_of(node.verdict), node.q_ai or 0.0, -node.depth, -node.id
-
-
-def final_answer(rewrites: Sequence[Node], root: Node) -> Node:
-    """The program a search returns from `rewrites`: the best valid, tested one by
-    `final_rule_key`; the buggy root only when there is none."""
+def best_rewrite(
+    rewrites: Sequence[Node], task: Task, tie_break: TieBreak = critique_tie_break
+) -> Node | None:
+    """The best valid, tested rewrite: highest reward-test pass fraction, then `tie_break`'s
+    score (the critique by default), then shallower, then earlier (never the hidden tests);
+    None when there is none."""
     candidates = [node for node in rewrites if node.valid and node.verdict is not None]
-    return max(candidates, key=final_rule_key) if candidates else root
+    if not candidates:
+        return None
+    scores = tie_break(task, candidates)
+    ranked = zip(candidates, scores, strict=True)
+    best, _ = max(ranked, key=lambda c: (reward_of(c[0].verdict), c[1], -c[0].depth, -c[0].id))
+    return best
+
+
+def final_answer(
+    rewrites: Sequence[Node], root: Node, task: Task, tie_break: TieBreak = critique_tie_break
+) -> Node:
+    """The program a search returns from `rewrites`: `best_rewrite`; the buggy root only when
+    there is none."""
+    return best_rewrite(rewrites, task, tie_break) or root
 
 
 def ucb1(child: Node, parent_visits: int, exploration: float) -> float:
@@ -233,7 +264,7 @@ class Tree:
             temperature=self.settings.temperature,
             top_p=self.settings.top_p,
             max_new_tokens=self.settings.max_new_tokens,
-            keep_cache=self.settings.critique or self.settings.mode == "mcts",
+            keep_cache=self.settings.critique or self.settings.mode in ("mcts", "mt_bon"),
             seed=request_seed(
                 self.settings.seed, self.task.task_id, "expand", node.id, self.rollouts_done
             ),
@@ -263,6 +294,11 @@ class Tree:
 
     # ------------------------------------------------------------------ 3. backpropagation
 
+    def record_own(self, node: Node, reward: float) -> None:
+        """One visit worth the node's own reward, nothing backed up: how multi-turn best-of-N
+        values a sample (judged on its own tests, like best-of-N's)."""
+        node.visits, node.value_sum, node.q_mcts = 1, reward, reward
+
     def backpropagate(self, node: Node, reward: float) -> None:
         """Add one visit with `reward` to the node and every ancestor."""
         current: Node | None = node
@@ -276,7 +312,7 @@ class Tree:
 
     def final_node(self) -> Node:
         """The program the search returns (`final_answer` over every rewrite)."""
-        return final_answer(self.nodes[1:], self.root)
+        return final_answer(self.nodes[1:], self.root, self.task, self.settings.tie_break)
 
     def trajectory(self) -> Trajectory:
         first = self.first_pass()

@@ -9,6 +9,8 @@
 - A held-out slice (split by task) is evaluated every eval_steps; the adapter weights with the best
   held-out reward accuracy are kept and written (safetensors) with a per-step metrics log.
 - A non-finite loss or gradient norm fails the stage with TrainingDivergedError.
+- train.processes > 1 trains data-parallel, one process per GPU (codeq/train/distributed.py),
+  with the same pairs per optimizer step and the same metrics.json; rank 0 writes the adapter.
 """
 
 from __future__ import annotations
@@ -160,13 +162,16 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
     import torch
     from trl import DPOConfig
 
+    from codeq.train.distributed import batch_plan
+
+    plan = batch_plan(config)  # one process: the config's batch; N: each rank's share of it
     return DPOConfig(
         output_dir=str(out_dir / "checkpoints"),
         learning_rate=config.learning_rate,
         beta=config.beta,
-        per_device_train_batch_size=config.per_device_batch_size,
-        per_device_eval_batch_size=config.per_device_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        per_device_train_batch_size=plan.per_device_batch_size,
+        per_device_eval_batch_size=plan.per_device_batch_size,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
         num_train_epochs=config.epochs,
         max_steps=config.max_steps,
         bf16=use_bf16,
@@ -189,6 +194,8 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         data_seed=config.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        # every LoRA weight gets a gradient each step: DDP need not search for unused ones
+        ddp_find_unused_parameters=False,
     )
 
 
@@ -210,12 +217,25 @@ def _make_trainer_class() -> Any:
     from trl import DPOTrainer
 
     class MeteredDPOTrainer(DPOTrainer):  # type: ignore[misc, valid-type]
-        """DPOTrainer that meters the padding of its train batches (public hooks only)."""
+        """DPOTrainer that meters the padding of its train batches, and buckets lengths over a
+        whole optimizer step when data-parallel (Trainer's `_get_train_sampler`)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.remove_callback(PrinterCallback)  # logs go to stderr via our callback, not stdout
             self.train_meter = PaddingMeter(self.data_collator)
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            """Length bucketing groups over a whole optimizer step's pairs on every rank, as on
+            one process (Trainer groups over one rank's share): N processes then draw the same
+            index sequence as one, and accelerate deals its micro-batches round robin, so step
+            k trains on the pairs one process trains on at step k."""
+            from transformers.trainer_pt_utils import LengthGroupedSampler
+
+            sampler = super()._get_train_sampler(train_dataset)
+            if isinstance(sampler, LengthGroupedSampler):
+                sampler.batch_size *= self.args.world_size
+            return sampler
 
         def get_train_dataloader(self) -> Any:
             plain, self.data_collator = self.data_collator, self.train_meter
@@ -244,7 +264,9 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
             self.bar: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar = progress_bar(state.max_steps, "train (DPO)", unit="step")
+            self.bar = progress_bar(
+                state.max_steps, "train (DPO)", unit="step", enabled=state.is_world_process_zero
+            )
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.bar is not None:
@@ -321,7 +343,7 @@ def read_provenance(adapter_dir: Path) -> Lineage | None:
     return Lineage.model_validate(trained_on) if trained_on else None
 
 
-def _load_pairs(pairs_path: Path) -> list[Pair]:
+def load_pairs(pairs_path: Path) -> list[Pair]:
     path = Path(pairs_path)
     if path.is_dir():
         path = path / "pairs.jsonl"
@@ -363,6 +385,33 @@ def _check_finite_history(steps: list[dict[str, Any]]) -> None:
                 )
 
 
+def _require_launched(config: TrainConfig) -> None:
+    """A trainer for N processes is built in each of N launched processes (train_dpo launches
+    them); built alone it would train on 1/N of each step's pairs."""
+    from codeq.train.distributed import world_size
+
+    if world_size() != config.processes:
+        raise ConfigError(
+            f"train.processes={config.processes} but this is one process of {world_size()}",
+            hint="train through codeq.train.train_dpo, which launches the processes",
+        )
+
+
+def _training_device() -> int | None:
+    """The GPU this process trains on (LOCAL_RANK: one per process), None on CPU. The model is
+    loaded straight onto it: N processes never hold N copies in host memory, and each rank
+    quantizes its NF4 base onto its own GPU (accelerate refuses a 4-bit model on another
+    device than the rank's)."""
+    import torch
+
+    from codeq.train.distributed import local_rank
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.set_device(local_rank())
+    return local_rank()
+
+
 @dataclass
 class PreparedTraining:
     """A DPO trainer ready to run, with what train_dpo reports about its inputs."""
@@ -385,13 +434,16 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
     from datasets import Dataset
 
     train_config = config.train
+    _require_launched(train_config)
     source = resolve_model_source(config.policy.model, config.policy.cache_dir)
     tokenizer = load_tokenizer(source)
     train_examples, held_out, over_max_length = split_pairs(pairs, tokenizer, train_config)
     use_bf16 = _use_bf16(train_config)
     torch.manual_seed(train_config.seed)
     quantization = training_quantization(config.policy)
-    model = load_training_model(source, torch.bfloat16 if use_bf16 else torch.float32, quantization)
+    model = load_training_model(
+        source, torch.bfloat16 if use_bf16 else torch.float32, quantization, _training_device()
+    )
     log.info(
         "%d train / %d held-out pairs (%d over max_length dropped); base %s%s; precision %s",
         len(train_examples),
@@ -428,12 +480,43 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
 
 
 def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) -> dict[str, Any]:
-    """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json."""
-    from peft import set_peft_model_state_dict
+    """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json.
+    With train.processes > 1 in that many data-parallel processes (same files, same metrics)."""
+    from codeq.train.distributed import batch_plan, launch_ranks
 
     require_tracking_client(config.train.report_to)
     out_dir = Path(out_dir)
-    pairs = _load_pairs(Path(pairs_path))
+    pairs = load_pairs(Path(pairs_path))
+    common_pair_policy(pairs)
+    batch_plan(config.train)  # a batch the processes cannot share fails before they start
+    if config.train.processes > 1:
+        path = Path(pairs_path)
+        return launch_ranks(path / "pairs.jsonl" if path.is_dir() else path, out_dir, config)
+    return train_in_this_process(pairs, out_dir, config)
+
+
+def _sum_over_ranks(trainer: Any, meter: PaddingMeter) -> None:
+    """Each rank metered its own batches: the meter then counts every rank's."""
+    import torch
+
+    counts = torch.tensor(
+        [meter.real_tokens, meter.padded_tokens, meter.batches],
+        dtype=torch.int64,
+        device=trainer.accelerator.device,
+    )
+    total = trainer.accelerator.reduce(counts, reduction="sum")
+    meter.real_tokens, meter.padded_tokens, meter.batches = (int(value) for value in total)
+
+
+def train_in_this_process(
+    pairs: list[Pair], out_dir: str | Path, config: CodeQConfig
+) -> dict[str, Any]:
+    """train_dpo in this process: the whole run, or one rank of N (only rank 0 writes files)."""
+    from peft import set_peft_model_state_dict
+
+    from codeq.train.distributed import batch_plan
+
+    out_dir = Path(out_dir)
     policy = common_pair_policy(pairs)
     prepared = build_trainer(pairs, out_dir, config)
     trainer, callback, tokenizer = prepared.trainer, prepared.callback, prepared.tokenizer
@@ -453,11 +536,15 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
     if callback.best_state is not None and callback.best_step != trainer.state.global_step:
         set_peft_model_state_dict(trainer.model, callback.best_state)
     adapter_dir = out_dir / "adapter"
-    trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
-    tokenizer.save_pretrained(str(adapter_dir))
-    write_provenance(adapter_dir, policy)
+    writes = trainer.is_world_process_zero()  # DDP keeps the ranks' adapters equal
+    if writes:
+        trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(adapter_dir))
+        write_provenance(adapter_dir, policy)
 
     meter = trainer.train_meter
+    _sum_over_ranks(trainer, meter)
+    plan = batch_plan(config.train)
     metrics = {
         "base_model": prepared.source,
         "trained_on": policy.model_dump() if policy is not None else None,
@@ -470,6 +557,12 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
             "train": prepared.n_train,
             "held_out": prepared.n_held_out,
             "dropped_over_max_length": prepared.over_max_length,
+        },
+        "batch": {
+            "processes": plan.processes,
+            "per_device": plan.per_device_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "pairs_per_step": plan.pairs_per_step,
         },
         "global_steps": trainer.state.global_step,
         "train_seconds": seconds,
@@ -489,5 +582,6 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
         "eval": evals,
         "config": config.train.model_dump(),
     }
-    write_json(out_dir / "metrics.json", metrics)
+    if writes:
+        write_json(out_dir / "metrics.json", metrics)
     return metrics

@@ -21,12 +21,14 @@ def load_tokenizer(source: str) -> Any:
     return tokenizer
 
 
-def load_causal_lm(source: str, dtype: Any) -> Any:
+def load_causal_lm(source: str, dtype: Any, device: int | None = None) -> Any:
+    """On CPU, or on CUDA device `device` (weights loaded straight onto it)."""
     from transformers import AutoModelForCausalLM
 
     announce_load(source, source)
+    placement = {} if device is None else {"device_map": {"": device}}
     try:
-        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement)
     except (OSError, ValueError) as exc:
         raise load_error(source, source, exc) from exc
 
@@ -39,11 +41,14 @@ def training_quantization(policy: PolicyConfig) -> str:
     return resolve_quantization(policy, resolve_device(policy))
 
 
-def load_training_model(source: str, dtype: Any, quantization: str) -> Any:
-    """The base model DPO puts a LoRA on: plain weights in `dtype`, or 4-bit NF4 weights with
-    `dtype` compute (QLoRA: peft's k-bit preparation keeps norms and the head in fp32)."""
+def load_training_model(
+    source: str, dtype: Any, quantization: str, device: int | None = None
+) -> Any:
+    """The base model DPO puts a LoRA on, on CUDA device `device` (this process's GPU; None: the
+    CPU): plain weights in `dtype`, or 4-bit NF4 weights with `dtype` compute (QLoRA: peft's
+    k-bit preparation keeps norms and the head in fp32), quantized on that device."""
     if quantization != "nf4":
-        return load_causal_lm(source, dtype)
+        return load_causal_lm(source, dtype, device)
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
@@ -52,7 +57,10 @@ def load_training_model(source: str, dtype: Any, quantization: str) -> Any:
     announce_load(source, source)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, quantization_config=nf4_config(dtype), device_map={"": 0}
+            source,
+            dtype=dtype,
+            quantization_config=nf4_config(dtype),
+            device_map={"": 0 if device is None else device},
         )
     except (OSError, ValueError) as exc:
         raise load_error(source, source, exc) from exc

@@ -202,6 +202,9 @@ EXPR is the (Argo) expression of the round number or request.
 {{- if eq .stage "collect" }}
 - name: JOB_COMPLETION_COUNT
   value: {{ $root.Values.stages.collect.shards | quote }}
+{{- else if and (eq .stage "evaluate") (gt (int $root.Values.stages.evaluate.shards) 1) }}
+- name: JOB_COMPLETION_COUNT
+  value: {{ $root.Values.stages.evaluate.shards | quote }}
 {{- end }}
 - name: CODEQ_SCRATCH_DIR
   value: /scratch
@@ -223,6 +226,9 @@ EXPR is the (Argo) expression of the round number or request.
   value: /tmp
 - name: PYTHONUNBUFFERED
   value: "1"
+{{- if eq .stage "train" }}
+{{- include "codeq.trainProcesses" $root }}
+{{- end }}
 {{- if and (eq .stage "train") (ne $root.Values.tracking.reportTo "none") }}
 - name: CODEQ_TRAIN__REPORT_TO
   value: {{ $root.Values.tracking.reportTo | quote }}
@@ -234,6 +240,22 @@ EXPR is the (Argo) expression of the round number or request.
 {{- with $root.Values.jobs.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/*
+Data-parallel training: a train Job with N > 1 GPUs runs N training processes, one per GPU
+(codeq/train/distributed.py). config.train.processes set beside GPUs must agree with them.
+*/}}
+{{- define "codeq.trainProcesses" -}}
+{{- $gpus := int .Values.stages.train.gpus -}}
+{{- $processes := dig "train" "processes" nil (.Values.config | default dict) -}}
+{{- if and (ge $gpus 1) (not (kindIs "invalid" $processes)) (ne (int $processes) $gpus) -}}
+{{- fail (printf "config.train.processes=%v but stages.train.gpus=%d: on GPUs the train Job runs one process per GPU; remove config.train.processes" $processes $gpus) -}}
+{{- end -}}
+{{- if gt $gpus 1 }}
+- name: CODEQ_TRAIN__PROCESSES
+  value: {{ $gpus | quote }}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -373,7 +395,8 @@ Arguments: dict "root" $ "stage" NAME.
 {{- $root := .root -}}
 {{- $stage := .stage -}}
 {{- $s := index $root.Values.stages $stage -}}
-{{- $indexed := eq $stage "collect" -}}
+{{- /* Indexed: collect always; evaluate above one shard (one shard stays the plain Job it was). */ -}}
+{{- $indexed := or (eq $stage "collect") (and (eq $stage "evaluate") (gt (int $s.shards) 1)) -}}
 {{- $image := ternary $root.Values.images.train $root.Values.images.infer (eq $stage "train") -}}
 {{- $round := `{{inputs.parameters.round}}` -}}
 {{- $tracking := and (eq $stage "train") (ne $root.Values.tracking.reportTo "none") $root.Values.tracking.existingSecret -}}
@@ -404,9 +427,15 @@ spec:
   completionMode: Indexed
   completions: {{ $s.shards }}
   parallelism: {{ $s.shards }}
+  {{- if eq $stage "evaluate" }}
+  backoffLimitPerIndex: {{ $s.backoffLimit }}
+  # The merge needs every shard: the first one that fails for good fails the Job.
+  maxFailedIndexes: 0
+  {{- else }}
   backoffLimitPerIndex: {{ $s.backoffLimitPerIndex }}
   {{- if not (kindIs "invalid" $s.maxFailedIndexes) }}
   maxFailedIndexes: {{ $s.maxFailedIndexes }}
+  {{- end }}
   {{- end }}
   {{- else }}
   completions: 1

@@ -1,0 +1,232 @@
+"""The round's learned verifier in the pipeline: the verifier stage that trains it (after
+collect, on every program collect wrote), the one rule for a stage that asks for it (loaded
+once, refused on another base model, missing -> error or the self-critique as verifier.fallback
+says), and the record of what it did at evaluation (eval/verifier.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from codeq.config import CodeQConfig
+from codeq.errors import CorruptInputError, VerifierMissingError
+from codeq.logs import log
+from codeq.pipeline.policies import base_policy
+from codeq.schemas import Task, Trajectory, read_jsonl, write_json
+
+if TYPE_CHECKING:
+    from codeq.pairs import RewriteScorer
+    from codeq.pipeline.stages import StageContext
+    from codeq.verifier import Verifier, VerifierTieBreak
+
+STAGE = "verifier"
+RECORD = "verifier.json"  # in eval/: which scorer chose the answers, the verifier's AUC
+
+
+def round_stages(stages: list[str], config: CodeQConfig) -> list[str]:
+    """A round's stages: `stages`, with the verifier after collect when verifier.enabled."""
+    if not config.verifier.enabled:
+        return list(stages)
+    after = stages.index("collect") + 1
+    return [*stages[:after], STAGE, *stages[after:]]
+
+
+def uses_verifier(config: CodeQConfig) -> bool:
+    """Whether the round's evaluation depends on its verifier (its tie-break, or its AUC)."""
+    return config.verifier.enabled or config.evaluate.tie_break == "verifier"
+
+
+# ------------------------------------------------------------------------------ the stage
+
+
+def verifier_stage(ctx: StageContext) -> dict[str, Any]:
+    """Train the round's verifier on its base model from every distinct valid program the
+    round's collect wrote, labelled by all the train tasks' tests (the sandbox runs those a
+    search rewarded by visible tests only). With nothing to learn from (every program passed,
+    or none did) the marker records `trained: false`, and a stage that asks for the verifier
+    errs or falls back (verifier.fallback)."""
+    from codeq.pairs import common_policy
+    from codeq.pipeline.stages import (
+        _begin,
+        _download_tasks,
+        _finish,
+        _recorded_shards,
+        completed_shards,
+    )
+    from codeq.verifier import label_unknown, nothing_to_learn, train_verifier, written_programs
+
+    prefix = ctx.layout.stage(STAGE)
+    keeping = ctx.store.is_complete(prefix) and not ctx.force
+    shards = _recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)
+    inputs = {f"collect shard {index}": ctx.layout.shard(index) for index in shards}
+    run = _begin(ctx, prefix, STAGE, inputs={**inputs, "tasks": ctx.layout.stage("tasks")})
+    if run.skipped:
+        return run.skipped
+    tasks = {t.task_id: t for t in read_jsonl(_download_tasks(ctx) / "train.jsonl", Task)}
+    trajectories: list[Trajectory] = []
+    for index in shards:
+        shard_dir = ctx.workdir(f"verifier-in/shard-{index}")
+        ctx.store.get_dir(ctx.layout.shard(index), shard_dir)
+        trajectories += read_jsonl(shard_dir / "trajectories.jsonl", Trajectory)
+    programs = written_programs(trajectories, tasks, ctx.config.verifier.max_programs_per_task)
+    if any(item.passed is None for item in programs):
+        from codeq.sandbox import Sandbox
+
+        log("verifier: running the programs a search rewarded by visible tests on all tests")
+        with Sandbox(ctx.config.sandbox) as sandbox:
+            programs = label_unknown(programs, sandbox)
+    reason = nothing_to_learn(programs)
+    if reason is not None:
+        log(f"verifier: {reason}; no verifier is trained this round")
+        empty = ctx.workdir("verifier-empty")
+        write_json(empty / "metrics.json", {"trained": False, "reason": reason})
+        ctx.store.put_dir(prefix, empty)
+        return _finish(ctx, run, {"trained": False, "reason": reason})
+    base = base_policy(ctx)
+    log(f"verifier: learning from {len(programs)} programs on {base.describe()}")
+    out_dir = ctx.workdir("verifier-train")
+    metrics = train_verifier(
+        programs,
+        out_dir,
+        ctx.config,
+        base=base,
+        written_by=common_policy(trajectories),
+        round_number=ctx.layout.round,
+    )
+    folder = out_dir / "verifier"
+    write_json(folder / "metrics.json", metrics)
+    ctx.store.put_dir(prefix, folder)
+    info = {
+        "trained": True,
+        "programs": metrics["verifier"]["programs"],
+        "heldout_auc": metrics["heldout_auc"],
+        "base": base.id,
+    }
+    return _finish(ctx, run, info)
+
+
+# ------------------------------------------------------------------------------ using it
+
+
+def _missing(ctx: StageContext) -> str | None:
+    """Why the round has no verifier to use (None when it has one)."""
+    prefix = ctx.layout.stage(STAGE)
+    if not ctx.store.is_complete(prefix):
+        if not ctx.config.verifier.enabled:
+            return "verifier.enabled is false, so none was trained"
+        return f"its verifier stage has not finished ({ctx.store.describe(prefix)})"
+    marker = ctx.store.marker(prefix)
+    if not marker.get("trained", True):
+        return f"none was trained: {marker.get('reason', 'nothing to learn from')}"
+    return None
+
+
+def available_verifier(ctx: StageContext) -> tuple[Verifier | None, str | None]:
+    """The round's verifier (loaded once per round, refused by VerifierLineageError when it
+    was trained on another base model than the run's), or None and why there is none."""
+    from codeq.verifier import Verifier
+
+    reason = _missing(ctx)
+    if reason is not None:
+        return None, reason
+    prefix = ctx.layout.stage(STAGE)
+    key = f"verifier:{prefix}"
+    if key not in ctx.engines:
+        folder = ctx.workdir("verifier-model")
+        ctx.store.get_dir(prefix, folder)
+        ctx.engines[key] = Verifier.load(folder, ctx.config, base_policy(ctx))
+    return ctx.engines[key], None
+
+
+def required_verifier(ctx: StageContext, asked_by: str) -> Verifier | None:
+    """The verifier a stage asks for by `asked_by` (a config key set to 'verifier'); when the
+    round has none, None if verifier.fallback is 'critique' (the self-critique is used), else
+    VerifierMissingError naming the lineage asked for."""
+    verifier, reason = available_verifier(ctx)
+    if verifier is not None:
+        return verifier
+    wanted = base_policy(ctx)
+    if ctx.config.verifier.fallback == "critique":
+        log(f"{asked_by} asks for a learned verifier but {reason}: the self-critique is used")
+        return None
+    raise VerifierMissingError(
+        f"round {ctx.layout.round} asks for a learned verifier on {wanted.describe()} "
+        f"({asked_by}=verifier), but it has none: {reason}",
+        hint="set verifier.enabled=true (the verifier stage trains one after collect), or "
+        "verifier.fallback=critique to use the self-critique where there is none",
+    )
+
+
+def pairs_q_ai(ctx: StageContext, tasks_dir: Path) -> RewriteScorer | None:
+    """Q_ai from the round's verifier for the pairs stage (pairs.q_ai=verifier)."""
+    verifier = required_verifier(ctx, "pairs.q_ai")
+    if verifier is None:
+        return None
+    tasks = {t.task_id: t for t in read_jsonl(tasks_dir / "train.jsonl", Task)}
+
+    def score(trajectory: Trajectory, nodes: Any) -> list[float]:
+        task = tasks.get(trajectory.task_id)
+        if task is None:
+            raise CorruptInputError(
+                f"trajectory of task {trajectory.task_id} has no task in the round's train tasks",
+                hint="rerun the round from collect",
+            )
+        return verifier.score([(task, node.program) for node in nodes])
+
+    return score
+
+
+def evaluation_tie_break(ctx: StageContext) -> VerifierTieBreak | None:
+    """What breaks ties among answers at evaluation: the verifier's tie-break when
+    evaluate.tie_break is 'verifier' (None: the self-critique)."""
+    if ctx.config.evaluate.tie_break != "verifier":
+        return None
+    verifier = required_verifier(ctx, "evaluate.tie_break")
+    return verifier.tie_break() if verifier is not None else None
+
+
+def record_evaluation(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict[str, Any] | None:
+    """eval/verifier.json: which scorer chose among answers tied on the visible tests, and the
+    verifier's AUC (with the self-critique's beside it, where its rewrites were critiqued) on
+    every distinct rewrite the evaluation wrote on validation tasks, each run on all its tests.
+    None (nothing written) when the round uses no verifier."""
+    if not uses_verifier(ctx.config):
+        return None
+    from codeq.verifier import program_auc
+
+    verifier, reason = available_verifier(ctx)
+    asked = ctx.config.evaluate.tie_break
+    chose = "verifier" if asked == "verifier" and verifier is not None else "critique"
+    record: dict[str, Any] = {"tie_break": chose, "tie_break_asked": asked, "missing": reason}
+    if verifier is not None:
+        record["verifier"] = verifier.info.model_dump(mode="json")
+        validation = tasks_dir / "validation.jsonl"
+        tasks = read_jsonl(validation, Task) if validation.is_file() else []
+        files = sorted(out_dir.glob("*/validation/trajectories-*.jsonl"))
+        trajectories = [
+            t
+            for path in files
+            if ".partial." not in path.name
+            for t in read_jsonl(path, Trajectory)
+        ]
+        from codeq.sandbox import Sandbox
+
+        with Sandbox(ctx.config.sandbox) as sandbox:
+            record["validation"] = program_auc(tasks, trajectories, verifier, sandbox)
+        log(f"evaluate: the verifier's AUC on validation rewrites: {record['validation']['auc']}")
+    write_json(out_dir / RECORD, record)
+    return record
+
+
+def describe(record: dict[str, Any] | None) -> dict[str, Any]:
+    """The eval summary's view of eval/verifier.json."""
+    if record is None:
+        return {}
+    validation = record.get("validation") or {}
+    return {
+        "verifier": {
+            "tie_break": record["tie_break"],
+            "validation_auc": validation.get("auc"),
+            "validation_programs": validation.get("programs"),
+        }
+    }

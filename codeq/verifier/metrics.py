@@ -1,0 +1,76 @@
+"""How well scores rank programs: the rank AUC, and the verifier's AUC on the programs an
+evaluation wrote (validation rewrites), each labelled by running it on all its task's tests."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from codeq.schemas import Task, Trajectory
+
+
+def rank_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """The chance that a positive scores above a negative (ties count half; 0.5: no signal);
+    None without both a positive and a negative."""
+    negatives = sorted(s for s, label in zip(scores, labels, strict=True) if not label)
+    positives = [s for s, label in zip(scores, labels, strict=True) if label]
+    if not positives or not negatives:
+        return None
+    wins = 0.0
+    for score in positives:
+        below = bisect_left(negatives, score)
+        wins += below + 0.5 * (bisect_right(negatives, score) - below)
+    return wins / (len(positives) * len(negatives))
+
+
+def evaluation_programs(
+    tasks: Sequence[Task], trajectories: Iterable[Trajectory]
+) -> tuple[list[tuple[Task, str]], dict[tuple[str, str], list[float]]]:
+    """The distinct valid rewrites of `trajectories` on `tasks` (a trajectory of another task is
+    skipped), and the self-critique scores each got where it was critiqued."""
+    by_id = {task.task_id: task for task in tasks}
+    items: dict[tuple[str, str], tuple[Task, str]] = {}
+    critiques: dict[tuple[str, str], list[float]] = {}
+    for trajectory in trajectories:
+        task = by_id.get(trajectory.task_id)
+        if task is None:
+            continue
+        for node in trajectory.nodes[1:]:
+            if not node.valid:
+                continue
+            key = (task.task_id, node.program)
+            items.setdefault(key, (task, node.program))
+            if node.q_ai is not None:
+                critiques.setdefault(key, []).append(node.q_ai)
+    return list(items.values()), critiques
+
+
+def program_auc(
+    tasks: Sequence[Task], trajectories: Iterable[Trajectory], verifier: Any, sandbox: Any
+) -> dict[str, Any]:
+    """The verifier's AUC over the distinct valid rewrites of `trajectories`, each labelled by
+    all its task's tests (run in `sandbox`); beside it the self-critique's AUC over those of
+    them it scored (the mean of a program's critiques)."""
+    from codeq.tasks import score_programs
+
+    items, critiques = evaluation_programs(tasks, trajectories)
+    if not items:
+        return {"auc": None, "programs": 0, "passing": 0, "failing": 0}
+    labels = [verdict.passed for verdict in score_programs(items, "all", sandbox)]
+    scores = verifier.score(items)
+    critiqued = [
+        (sum(found) / len(found), label)
+        for (task, program), label in zip(items, labels, strict=True)
+        if (found := critiques.get((task.task_id, program)))
+    ]
+    return {
+        "auc": rank_auc(scores, labels),
+        "programs": len(items),
+        "passing": sum(labels),
+        "failing": len(labels) - sum(labels),
+        "critique_auc": rank_auc([s for s, _ in critiqued], [lab for _, lab in critiqued])
+        if critiqued
+        else None,
+        "critiqued_programs": len(critiqued),
+    }

@@ -1,0 +1,225 @@
+"""The learned verifier: it learns from the programs a round wrote (labels from all tests),
+its LoRA and score head change, it ranks held-out programs by a signal it can learn, it is
+refused on another base model, and it breaks ties among answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from codeq.config import CodeQConfig
+from codeq.errors import BadInputError, VerifierLineageError
+from codeq.schemas import Lineage, Node, Task, Trajectory, Verdict
+from codeq.schemas import TestCase as Case
+from codeq.verifier import (
+    Program,
+    Verifier,
+    nothing_to_learn,
+    rank_auc,
+    read_info,
+    train_verifier,
+    written_programs,
+)
+
+BUGGY = "class Solution:\n    def add(self, a, b):\n        return a - b\n"
+# what a variant returns -> whether it passes all tests (a constant 3 passes the visible one)
+EXPRESSIONS = {"a + b": True, "a - b": False, "a * b": False, "3": False}
+
+
+def make_task(index: int) -> Task:
+    call = {"kind": "function", "method": "add", "args": [1, 2], "arg_kinds": ["plain", "plain"]}
+    return Task(
+        task_id=f"t{index}",
+        slug=f"add-{index}",
+        level="easy",
+        category="logic",
+        subtype="operation error",
+        description=f"Return the sum of a and b (problem {index}).",
+        examples=["Input: a = 1, b = 2\nOutput: 3"],
+        buggy_code=BUGGY,
+        oracle_code=BUGGY.replace("-", "+"),
+        entry={"kind": "function", "method": "add"},
+        visible_tests=[Case(call=call, expected=3)],
+        hidden_tests=[Case(call={**call, "args": [2, 2]}, expected=4, origin="generated")],
+    )
+
+
+def variant(expression: str, index: int) -> str:
+    name = ["total", "result", "value", "out", "answer", "s"][index % 6]
+    return (
+        f"class Solution:\n    def add(self, a, b):\n        {name} = {index}\n"
+        f"        return {expression}\n"
+    )
+
+
+def toy_programs(tasks: list[Task]) -> list[Program]:
+    """Per task: variants returning a + b pass, the others fail (a signal in the code)."""
+    return [
+        Program(task, variant(expression, index), passed)
+        for task in tasks
+        for index in range(3)
+        for expression, passed in EXPRESSIONS.items()
+    ]
+
+
+def verifier_config(model_dir, **changes) -> CodeQConfig:
+    settings = {
+        "enabled": True,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "learning_rate": 5e-3,
+        "epochs": 12,
+        "batch_size": 8,
+        "max_length": 192,
+        "eval_fraction": 0.25,
+        **changes,
+    }
+    return CodeQConfig(policy={"model": str(model_dir), "device": "cpu"}, verifier=settings)
+
+
+def base_of(config: CodeQConfig) -> Lineage:
+    from codeq.train.lineage import base_lineage
+
+    return base_lineage(config.policy)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, tmp_path_factory):
+    config = verifier_config(tiny_model_dir)
+    out = tmp_path_factory.mktemp("verifier")
+    tasks = [make_task(i) for i in range(12)]
+    metrics = train_verifier(toy_programs(tasks[:8]), out, config, base=base_of(config))
+    return config, out / "verifier", metrics
+
+
+def test_the_verifier_learns_a_separable_signal_and_ranks_held_out_programs(trained) -> None:
+    config, folder, metrics = trained
+    assert metrics["heldout_auc"] is not None and metrics["heldout_auc"] >= 0.8, metrics
+    verifier = Verifier.load(folder, config, base_of(config))
+    unseen = [make_task(i) for i in range(8, 12)]  # problems it never trained on
+    items = toy_programs(unseen)
+    scores = verifier.score([(item.task, item.program) for item in items])
+    assert all(0.0 <= score <= 1.0 for score in scores)
+    auc = rank_auc(scores, [bool(item.passed) for item in items])
+    assert auc is not None and auc >= 0.8, auc
+
+
+def test_training_changes_the_lora_and_the_score_head(trained, tiny_model_dir) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    config, folder, _ = trained
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    lora_b = [tensor for name, tensor in weights.items() if "lora_B" in name]
+    assert lora_b and any(torch.count_nonzero(t) > 0 for t in lora_b)  # B starts at zero
+    heads = [tensor for name, tensor in weights.items() if "score" in name]
+    assert heads, sorted(weights)
+    from codeq.verifier.model import load_classifier
+
+    torch.manual_seed(0)
+    untrained = load_classifier(str(tiny_model_dir), torch.float32, 0).score.weight
+    assert not torch.allclose(heads[0].float(), untrained.float())
+    info = read_info(folder)
+    assert info.base == base_of(config) and info.heldout_auc == trained[2]["heldout_auc"]
+
+
+def test_a_verifier_of_another_base_model_is_refused_naming_both(trained) -> None:
+    config, folder, _ = trained
+    other = Lineage(base_model="Qwen/Qwen2.5-Coder-7B-Instruct", base_sha256="f" * 64)
+    with pytest.raises(VerifierLineageError) as caught:
+        Verifier.load(folder, config, other)
+    message = str(caught.value)
+    assert "Qwen/Qwen2.5-Coder-7B-Instruct (ffffffffffff)" in message
+    assert base_of(config).describe() in message
+    assert caught.value.exit_code == 2
+
+
+def node(node_id: int, program: str, passed: bool | None, valid: bool = True) -> Node:
+    verdict = None
+    if passed is not None:
+        verdict = Verdict(
+            passed=passed, n_passed=int(passed), n_total=1, status="passed", backend="subprocess"
+        )
+    return Node(id=node_id, parent=0, depth=1, program=program, verdict=verdict, valid=valid)
+
+
+def test_written_programs_are_the_distinct_valid_rewrites_labelled_by_all_tests() -> None:
+    task = make_task(0)
+    root = Node(id=0, parent=None, depth=0, program=BUGGY)
+    nodes = [
+        root,
+        node(1, variant("a + b", 0), True),
+        node(2, variant("a + b", 0) + "\n", True),  # the same program again
+        node(3, variant("a - b", 1), False),
+        node(4, "", None, valid=False),
+    ]
+    trajectory = Trajectory(
+        task_id=task.task_id,
+        slug=task.slug,
+        level="easy",
+        category="logic",
+        subtype="x",
+        mode="mcts",
+        reward_tests="all",
+        nodes=nodes,
+        solved=True,
+        final_node=1,
+    )
+    programs = written_programs([trajectory], {task.task_id: task}, max_per_task=8)
+    assert [(p.program, p.passed) for p in programs] == [
+        (variant("a + b", 0), True),
+        (variant("a - b", 1), False),
+    ]
+    visible_only = trajectory.model_copy(update={"reward_tests": "visible"})
+    assert [p.passed for p in written_programs([visible_only], {task.task_id: task}, 8)] == [
+        None,
+        None,
+    ]
+    assert written_programs([trajectory], {task.task_id: task}, max_per_task=1)[0].passed
+
+
+def test_nothing_to_learn_without_both_classes(tiny_model_dir, tmp_path) -> None:
+    task = make_task(0)
+    only_failing = [Program(task, variant("a - b", i), False) for i in range(3)]
+    assert "none of the 3 programs" in (nothing_to_learn(only_failing) or "")
+    config = verifier_config(tiny_model_dir)
+    with pytest.raises(BadInputError, match="cannot train a verifier"):
+        train_verifier(only_failing, tmp_path, config, base=base_of(config))
+
+
+def test_rank_auc_counts_ties_half_and_needs_both_labels() -> None:
+    assert rank_auc([0.9, 0.1], [True, False]) == 1.0
+    assert rank_auc([0.5, 0.5], [True, False]) == 0.5
+    assert rank_auc([0.2, 0.8, 0.6, 0.1], [True, False, True, False]) == 0.5
+    assert rank_auc([0.2], [True]) is None
+
+
+class FakeVerifier:
+    """Scores from a table; records what it was asked to score."""
+
+    id = "fake"
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        self.scores = scores
+        self.asked: list[str] = []
+
+    def score(self, items):
+        self.asked += [program for _, program in items]
+        return [self.scores[program] for _, program in items]
+
+
+def test_the_tie_break_scores_only_the_rewrites_tied_at_the_top() -> None:
+    from codeq.search.tree import final_answer
+    from codeq.verifier import VerifierTieBreak
+
+    task = make_task(0)
+    root = Node(id=0, parent=None, depth=0, program=BUGGY)
+    constant, plus, minus = variant("3", 0), variant("a + b", 1), variant("a - b", 2)
+    fake = FakeVerifier({constant: 0.2, plus: 0.9})
+    tie_break = VerifierTieBreak(fake)  # type: ignore[arg-type]
+    tied = [node(1, constant, True), node(2, plus, True), node(3, minus, False)]
+    assert final_answer(tied, root, task).program == constant  # no critique: the earlier
+    assert final_answer(tied, root, task, tie_break).program == plus
+    assert sorted(fake.asked) == sorted([constant, plus]) and tie_break.decided == 1
+    alone = [node(1, plus, True), node(2, minus, False), node(3, constant, False)]
+    assert final_answer(alone, root, task, tie_break).program == plus
+    assert len(fake.asked) == 2 and tie_break.decided == 1  # one best program: nothing to ask

@@ -1,0 +1,354 @@
+"""The learned verifier in a round: the verifier stage trains it from the round's collect, the
+pairs stage takes Q_ai from it (pairs.q_ai), evaluation breaks ties among answers with it
+(evaluate.tie_break) and records its AUC on validation rewrites; a round that asks for a
+verifier it lacks, or one trained on another base model, stops with one error line naming the
+lineages, unless verifier.fallback lets the self-critique stand in."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from test_verifier import EXPRESSIONS, make_task, variant
+
+from codeq.config import StoreConfig, load_config
+from codeq.errors import EXIT_BAD_INPUT, VerifierLineageError, VerifierMissingError
+from codeq.pipeline.stages import STAGES, StageContext, pairs_stage, round_stages, verifier_stage
+from codeq.pipeline.verifier import evaluation_tie_break, record_evaluation, required_verifier
+from codeq.policy import GenerationRequest, GenerationResult
+from codeq.schemas import (
+    ChatMessage,
+    Lineage,
+    Node,
+    Pair,
+    Task,
+    Trajectory,
+    Verdict,
+    read_jsonl,
+    write_jsonl,
+)
+from codeq.store import RoundLayout, open_store
+
+REPO = Path(__file__).resolve().parent.parent
+LAYOUT = RoundLayout("default", 0)
+TRAIN = [make_task(i) for i in range(8)]
+VALIDATION = [make_task(i) for i in range(8, 11)]  # problems the verifier never learned from
+VERIFIER = {
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "learning_rate": 5e-3,
+    "epochs": 12,
+    "batch_size": 8,
+    "max_length": 192,
+    "eval_fraction": 0.25,
+}
+
+
+def base_of(model_dir: Path) -> Lineage:
+    from codeq.config import PolicyConfig
+    from codeq.train.lineage import base_lineage
+
+    return base_lineage(PolicyConfig(model=str(model_dir)))
+
+
+def rewrite(node_id: int, task: Task, program: str, passed: bool) -> Node:
+    """A sibling rewrite, tested on all tests, its critique scoring it the wrong way round."""
+    verdict = Verdict(
+        passed=passed,
+        n_passed=2 if passed else 0,
+        n_total=2,
+        status="passed" if passed else "failed",
+        backend="subprocess",
+    )
+    return Node(
+        id=node_id,
+        parent=0,
+        depth=1,
+        prompt=[ChatMessage(role="user", content=f"fix {task.slug}")],
+        completion=program,
+        program=program,
+        verdict=verdict,
+        q_mcts=1.0 if passed else 0.0,
+        q_ai=0.1 if passed else 0.9,
+        valid=True,
+    )
+
+
+def collected(task: Task, policy: Lineage) -> Trajectory:
+    programs = [(variant(e, i), ok) for i in range(3) for e, ok in EXPRESSIONS.items()]
+    nodes = [Node(id=0, parent=None, depth=0, program=task.buggy_code)]
+    nodes += [rewrite(i, task, program, ok) for i, (program, ok) in enumerate(programs, 1)]
+    return Trajectory(
+        task_id=task.task_id,
+        slug=task.slug,
+        level=task.level,
+        category=task.category,
+        subtype=task.subtype,
+        mode="mcts",
+        reward_tests="all",
+        nodes=nodes,
+        solved=True,
+        final_node=1,
+        policy=policy,
+    )
+
+
+def collected_store(root: Path, model_dir: Path):
+    """A store whose round 0 has prepared tasks and one complete collect shard."""
+    store = open_store(StoreConfig(uri=f"file://{root / 'store'}"))
+    tasks = root / "tasks"
+    write_jsonl(tasks / "train.jsonl", TRAIN)
+    write_jsonl(tasks / "validation.jsonl", VALIDATION)
+    write_jsonl(tasks / "test.jsonl", VALIDATION)
+    store.put_dir(LAYOUT.stage("tasks"), tasks)
+    store.mark_complete(LAYOUT.stage("tasks"), {})
+    shard = root / "shard"
+    policy = base_of(model_dir)
+    write_jsonl(shard / "trajectories.jsonl", [collected(task, policy) for task in TRAIN])
+    store.put_dir(LAYOUT.shard(0), shard)
+    store.mark_complete(LAYOUT.shard(0), {"shard_index": 0, "shard_count": 1})
+    return store
+
+
+def context(store, scratch: Path, model_dir: Path, force: bool = False, **settings):
+    verifier = {"enabled": True, **VERIFIER, **settings.pop("verifier", {})}
+    overrides = {
+        "store": {"uri": store.uri},
+        "policy": {"model": str(model_dir), "device": "cpu"},
+        "sandbox": {"backend": "subprocess", "workers": 1},
+        "verifier": verifier,
+        **settings,
+    }
+    config = load_config(overrides=overrides)
+    return StageContext(config=config, store=store, scratch=scratch, force=force)
+
+
+@pytest.fixture(scope="module")
+def trained_round(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("verifier-round")
+    store = collected_store(root, tiny_model_dir)
+    result = verifier_stage(context(store, root / "scratch", tiny_model_dir))
+    return store, root, result
+
+
+def test_the_verifier_stage_learns_from_the_rounds_programs(trained_round, tiny_model_dir):
+    store, root, result = trained_round
+    assert result["trained"] and not result["skipped"], result
+    assert result["programs"]["passing"] == 3 * len(TRAIN)
+    assert result["programs"]["train"] + result["programs"]["held_out"] == 12 * len(TRAIN)
+    assert result["heldout_auc"] is not None and result["heldout_auc"] >= 0.8
+    marker = store.marker(LAYOUT.stage("verifier"))
+    assert marker["base"] == base_of(tiny_model_dir).id
+    info = json.loads((root / "store" / LAYOUT.stage("verifier") / "VERIFIER.json").read_text())
+    assert info["base"] == base_of(tiny_model_dir).model_dump(mode="json")
+    assert info["written_by"] == base_of(tiny_model_dir).model_dump(mode="json")
+    again = verifier_stage(context(store, root / "scratch", tiny_model_dir))
+    assert again["skipped"]
+
+
+def chosen_programs(store, root: Path) -> list[str]:
+    target = root / "check" / "pairs.jsonl"
+    store.get_verified_file(LAYOUT.stage("pairs"), "pairs.jsonl", target)
+    return [pair.chosen for pair in read_jsonl(target, Pair)]
+
+
+def test_pairs_take_q_ai_from_the_verifier_in_place_of_the_critique(trained_round, tiny_model_dir):
+    store, root, _ = trained_round
+    blend = {"alpha": 0.0, "min_value_gap": 0.3, "max_pairs_per_task": 4}
+    scratch = root / "scratch"
+    by_critique = pairs_stage(context(store, scratch, tiny_model_dir, pairs=blend))
+    assert by_critique["pairs"] > 0
+    assert all(" + " not in program for program in chosen_programs(store, root))
+    by_verifier = {**blend, "q_ai": "verifier"}
+    stats = pairs_stage(context(store, scratch, tiny_model_dir, force=True, pairs=by_verifier))
+    assert stats["pairs"] > 0
+    chosen = chosen_programs(store, root)
+    assert sum(" + " in program for program in chosen) >= 0.8 * len(chosen), chosen
+    saved = json.loads((root / "store" / LAYOUT.stage("pairs") / "stats.json").read_text())
+    assert (saved["q_ai"], saved["q_ai_asked"]) == ("verifier", "verifier")
+    fingerprint = store.marker(LAYOUT.stage("pairs"))["fingerprint"]
+    assert "verifier" in fingerprint["inputs"] and fingerprint["config"]["pairs.q_ai"] == "verifier"
+
+
+class TwoAnswers:
+    """Every rewrite request gets a constant 3 first, then a + b: both pass the visible test
+    (add(1, 2) = 3), only a + b the hidden one; every critique says 5/10."""
+
+    name = "two-answers"
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        answers = [variant("3", 0), variant("a + b", 1)]
+        results = []
+        for request in requests:
+            if request.stop == "score":
+                texts = ["Score: 5/10"] * request.n
+            else:
+                texts = [f"```python\n{answers[i % 2]}```" for i in range(request.n)]
+            results.append(
+                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
+            )
+        return results
+
+
+def evaluate_bon(store, root: Path, model_dir: Path, out: Path, **evaluate_settings):
+    from codeq.evaluate import evaluate
+
+    ctx = context(
+        store,
+        root / "scratch",
+        model_dir,
+        search={"rollouts": 1, "rewrites_per_expansion": 1, "bon_samples": 2},
+        evaluate={"modes": ["bon"], "rollout_ablation": [1], **evaluate_settings},
+    )
+    tasks = root / "tasks" / "validation.jsonl"
+    tie_break = evaluation_tie_break(ctx)
+    results = evaluate(tasks, out, ctx.config, engine=TwoAnswers(), tie_break=tie_break)
+    return ctx, results
+
+
+def test_the_verifier_chooses_among_answers_tied_on_the_visible_tests(
+    trained_round, tiny_model_dir
+):
+    store, root, _ = trained_round
+    out = root / "eval"
+    _, critique = evaluate_bon(store, root, tiny_model_dir, out / "critique")
+    assert critique.modes["bon"].solved == 0  # equal critiques: the first sample, a constant
+    ctx, verifier = evaluate_bon(
+        store, root, tiny_model_dir, out / "candidate" / "validation", tie_break="verifier"
+    )
+    assert verifier.modes["bon"].solved == len(VALIDATION)
+    assert verifier.bon_ablation["1"].solved == 0  # one sample: nothing to choose among
+
+    record = record_evaluation(ctx, root / "tasks", out)
+    assert record is not None and record["tie_break"] == "verifier"
+    validation = record["validation"]
+    assert (validation["programs"], validation["passing"]) == (2 * len(VALIDATION), len(VALIDATION))
+    assert validation["auc"] is not None and validation["auc"] >= 0.8
+    assert json.loads((out / "verifier.json").read_text()) == record
+
+    from codeq.report import render_report
+
+    report = render_report(root / "report", results=verifier.model_dump(), verifier=record)
+    text = (report.parent / "report.md").read_text()
+    assert "## Learned verifier" in text and "chose among answers tied" in text
+    assert f"{validation['auc']:.3f} over {2 * len(VALIDATION)} programs" in text
+
+
+def test_a_round_without_its_verifier_stops_naming_the_lineage(tmp_path, tiny_model_dir):
+    store = collected_store(tmp_path, tiny_model_dir)
+    ctx = context(
+        store,
+        tmp_path / "scratch",
+        tiny_model_dir,
+        verifier={"enabled": False},
+        pairs={"q_ai": "verifier"},
+    )
+    with pytest.raises(VerifierMissingError) as caught:
+        pairs_stage(ctx)
+    message = str(caught.value)
+    assert base_of(tiny_model_dir).describe() in message
+    assert "pairs.q_ai=verifier" in message and "verifier.enabled is false" in message
+    assert caught.value.exit_code == EXIT_BAD_INPUT
+    assert not store.is_complete(LAYOUT.stage("pairs"))
+
+    fallback = context(
+        store,
+        tmp_path / "scratch",
+        tiny_model_dir,
+        verifier={"enabled": False, "fallback": "critique"},
+        pairs={"q_ai": "verifier"},
+    )
+    assert pairs_stage(fallback)["pairs"] > 0
+    saved = json.loads((tmp_path / "store" / LAYOUT.stage("pairs") / "stats.json").read_text())
+    assert (saved["q_ai"], saved["q_ai_asked"]) == ("critique", "verifier")
+
+
+def test_a_job_without_its_verifier_prints_one_error_line(tmp_path, tiny_model_dir):
+    store = collected_store(tmp_path, tiny_model_dir)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(REPO),
+        "CODEQ_STORE__URI": store.uri,
+        "CODEQ_POLICY__MODEL": str(tiny_model_dir),
+        "CODEQ_PAIRS__Q_AI": "verifier",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.pairs"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr[-2000:]
+    assert len(errors) == 1 and base_of(tiny_model_dir).describe() in errors[0], errors
+
+
+def test_a_verifier_of_another_base_model_is_refused_naming_both(
+    trained_round, tiny_model_dir, tmp_path
+):
+    store, root, _ = trained_round
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rope_theta": 20000.0}))
+    ctx = context(store, tmp_path / "scratch", other, evaluate={"tie_break": "verifier"})
+    with pytest.raises(VerifierLineageError) as caught:
+        evaluation_tie_break(ctx)
+    message = str(caught.value)
+    assert base_of(tiny_model_dir).describe() in message and base_of(other).describe() in message
+    # the fallback covers a missing verifier, never one of another model
+    ctx = context(store, tmp_path / "scratch", other, verifier={"fallback": "critique"})
+    with pytest.raises(VerifierLineageError):
+        required_verifier(ctx, "pairs.q_ai")
+
+
+def test_a_round_runs_the_verifier_after_collect_only_when_enabled():
+    assert round_stages(load_config()) == STAGES
+    enabled = round_stages(load_config(overrides={"verifier": {"enabled": True}}))
+    assert enabled == [*STAGES[:2], "verifier", *STAGES[2:]]
+
+
+def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_path, tiny_model_dir):
+    """bench/verifier_auc.py on a tiny store: trains on the round's collect, scores the
+    validation rewrites of its evaluation, each labelled by running it on all its tests."""
+    import importlib.util
+
+    store = collected_store(tmp_path, tiny_model_dir)
+    answers = []
+    for task in VALIDATION:
+        nodes = [Node(id=0, parent=None, depth=0, program=task.buggy_code)]
+        for node_id, expression in enumerate(["3", "a + b"], 1):
+            program = variant(expression, node_id)
+            nodes.append(Node(id=node_id, parent=0, depth=1, program=program, completion=program))
+        answers.append(collected(task, base_of(tiny_model_dir)).model_copy(update={"nodes": nodes}))
+    folder = tmp_path / "eval" / "candidate" / "validation"
+    write_jsonl(folder / "trajectories-bon.jsonl", answers)
+    write_jsonl(folder / "trajectories-bon.partial.jsonl", answers[:1])  # resume state: not read
+    store.put_dir(LAYOUT.stage("eval"), tmp_path / "eval")
+    spec = importlib.util.spec_from_file_location(
+        "verifier_auc", REPO / "bench" / "verifier_auc.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "auc.json"
+    argv = ["--store", str(tmp_path / "store"), "--train-run", "default", "--eval-run", "default"]
+    argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "12"]
+    argv += ["--learning-rate", "5e-3", "--lora-r", "8", "--eval-fraction", "0.25"]
+    argv += ["--work", str(tmp_path / "work"), "--json", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python bench/verifier_auc.py --store ")
+    assert result["train_programs"]["used"] == 12 * len(TRAIN)
+    validation = result["validation"]
+    assert (validation["programs"], validation["passing"]) == (2 * len(VALIDATION), len(VALIDATION))
+    assert validation["auc"] >= 0.8
+    assert result["critique_heldout"]["auc"] == 0.0  # the toy critique is the wrong way round
