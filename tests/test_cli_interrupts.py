@@ -120,7 +120,9 @@ def wait_for(pattern: str, log: Path, proc: subprocess.Popen, seconds: float = 9
 
 
 def start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    """`codeq ...` in its own process group, as a shell runs a foreground command."""
+    """`codeq ...` in its own process group, as a shell runs a foreground command: with SIGINT
+    at its default even where the suite itself was started in the background (where a shell
+    ignores SIGINT for it, and Python then installs no KeyboardInterrupt handler)."""
     with log.open("w") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "codeq", *argv],
@@ -129,6 +131,7 @@ def start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
             env=env,
             cwd=REPO,
             start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
 
