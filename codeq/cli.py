@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -271,4 +272,13 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(run())
+    code = run()
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        # An interrupt that lands while a library runs Python code through the C API (heavy
+        # imports do) can leave the interpreter set to kill itself with SIGINT at exit, whatever
+        # the exit code; the clean-up has run, so leave now with the code that says what happened.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
