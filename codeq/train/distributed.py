@@ -249,12 +249,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _close_process_group() -> None:
-    """After a finished run only: a rank that failed exits at once, and torchrun stops the rest."""
+    """After a finished run only: a rank that failed exits at once, and torchrun stops the rest.
+    The barrier keeps any rank from closing its connections while another still uses them (rank 0
+    writes the metrics after the last collective)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's finalization. Gloo's C++ worker threads can outlive the
+    process group and abort a finished rank while Python tears down ("terminate called without
+    an active exception", exit -6 after a complete run: CI saw it once). Everything a rank
+    writes is written and closed by now, so there is nothing left to finalize."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
