@@ -160,6 +160,77 @@ def test_the_server_bundle_runs_alone(tmp_path):
     assert started.returncode != 0 and "IndexError" in started.stderr, started.stderr
 
 
+def pipeline_graph(folder: Path = ROOT / "codeq" / "pipeline") -> dict[str, set[str]]:
+    """codeq.pipeline module -> the codeq.pipeline modules it imports, by any import statement:
+    at the top, under TYPE_CHECKING or inside a function (`from codeq.pipeline import stages`
+    names the module it imports)."""
+    modules = {
+        f"codeq.pipeline.{path.stem}": path
+        for path in folder.glob("*.py")
+        if path.stem != "__init__"
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set(imported_modules(path))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[name] = {module for module in found if module in modules and module != name}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in `graph` (its modules in order, the first repeated at the end),
+    or None: a depth-first search for an edge back to a module on the current path."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        for target in sorted(graph.get(module, ())):
+            circle = visit(target, [*path, module])
+            if circle:
+                return circle
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        circle = visit(module, [])
+        if circle:
+            return circle
+    return None
+
+
+def test_the_pipeline_modules_import_one_another_without_a_circle():
+    """Inside codeq/pipeline the modules are layered (docs/architecture.md): context below
+    policies, the stage modules (stages, verifier) above both, local_round on top. A circle,
+    even one only a type annotation or a function-level import closes, means some piece sits
+    in the wrong module."""
+    graph = pipeline_graph()
+    assert {"codeq.pipeline.stages", "codeq.pipeline.policies"} <= set(graph)
+    assert import_circle(graph) is None, " -> ".join(import_circle(graph) or [])
+
+
+def test_the_circle_check_can_fail(tmp_path):
+    """A type-only import back up (the shape policies <-> stages had) is a circle."""
+    (tmp_path / "low.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from codeq.pipeline.high import Context\n"
+    )
+    (tmp_path / "high.py").write_text("from codeq.pipeline import low\n")
+    (tmp_path / "top.py").write_text("def f():\n    from codeq.pipeline.high import g\n")
+    graph = pipeline_graph(tmp_path)
+    assert graph["codeq.pipeline.top"] == {"codeq.pipeline.high"}
+    assert import_circle(graph) == [
+        "codeq.pipeline.high",
+        "codeq.pipeline.low",
+        "codeq.pipeline.high",
+    ]
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
 def test_the_rule_catches_a_forbidden_import(tmp_path):
     """The check itself can fail: policy importing search is caught."""
     assert part_of("codeq.search.mcts") not in ALLOWED["codeq.policy"]

@@ -9,17 +9,15 @@ downloading its adapters (checked against their manifests and sha256) and mergin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import ConfigError, CorruptInputError
 from codeq.logs import log
+from codeq.pipeline.context import StageContext
 from codeq.policy.source import is_adapter_dir
 from codeq.schemas import Lineage
 from codeq.store import join_key
-
-if TYPE_CHECKING:
-    from codeq.pipeline.stages import StageContext
 
 CURRENT_INFO = "CURRENT.json"
 

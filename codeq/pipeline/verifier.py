@@ -11,12 +11,19 @@ from typing import TYPE_CHECKING, Any
 from codeq.config import CodeQConfig
 from codeq.errors import CorruptInputError, VerifierMissingError
 from codeq.logs import log
+from codeq.pipeline.context import (
+    StageContext,
+    begin,
+    completed_shards,
+    download_tasks,
+    finish,
+    recorded_shards,
+)
 from codeq.pipeline.policies import base_policy
 from codeq.schemas import Task, Trajectory, read_jsonl, write_json
 
 if TYPE_CHECKING:
     from codeq.pairs import RewriteScorer
-    from codeq.pipeline.stages import StageContext
     from codeq.verifier import Verifier, VerifierTieBreak
 
 STAGE = "verifier"
@@ -46,23 +53,16 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
     or none did) the marker records `trained: false`, and a stage that asks for the verifier
     errs or falls back (verifier.fallback)."""
     from codeq.pairs import common_policy
-    from codeq.pipeline.stages import (
-        _begin,
-        _download_tasks,
-        _finish,
-        _recorded_shards,
-        completed_shards,
-    )
     from codeq.verifier import label_unknown, nothing_to_learn, train_verifier, written_programs
 
     prefix = ctx.layout.stage(STAGE)
     keeping = ctx.store.is_complete(prefix) and not ctx.force
-    shards = _recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)
+    shards = recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)
     inputs = {f"collect shard {index}": ctx.layout.shard(index) for index in shards}
-    run = _begin(ctx, prefix, STAGE, inputs={**inputs, "tasks": ctx.layout.stage("tasks")})
+    run = begin(ctx, prefix, STAGE, inputs={**inputs, "tasks": ctx.layout.stage("tasks")})
     if run.skipped:
         return run.skipped
-    tasks = {t.task_id: t for t in read_jsonl(_download_tasks(ctx) / "train.jsonl", Task)}
+    tasks = {t.task_id: t for t in read_jsonl(download_tasks(ctx) / "train.jsonl", Task)}
     trajectories: list[Trajectory] = []
     for index in shards:
         shard_dir = ctx.workdir(f"verifier-in/shard-{index}")
@@ -81,7 +81,7 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         empty = ctx.workdir("verifier-empty")
         write_json(empty / "metrics.json", {"trained": False, "reason": reason})
         ctx.store.put_dir(prefix, empty)
-        return _finish(ctx, run, {"trained": False, "reason": reason})
+        return finish(ctx, run, {"trained": False, "reason": reason})
     base = base_policy(ctx)
     log(f"verifier: learning from {len(programs)} programs on {base.describe()}")
     out_dir = ctx.workdir("verifier-train")
@@ -102,7 +102,7 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         "heldout_auc": metrics["heldout_auc"],
         "base": base.id,
     }
-    return _finish(ctx, run, info)
+    return finish(ctx, run, info)
 
 
 # ------------------------------------------------------------------------------ using it
