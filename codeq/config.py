@@ -442,7 +442,8 @@ class PromotionConfig(Section):
     patience: int = Field(
         1,
         ge=1,
-        description="`codeq rounds` stops after this many rounds in a row without a promotion.",
+        description="`codeq rounds` and the multi-round workflow (`-p rounds=N`) stop after "
+        "this many finished rounds in a row without a promotion.",
     )
     samples: int = Field(
         0,

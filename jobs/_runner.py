@@ -3,6 +3,7 @@ store, run its stage, and exit with the documented code (codeq/errors.py, docs/j
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -135,12 +136,78 @@ def resolve_round() -> int:
     return config.store.round
 
 
-def main_round() -> None:
+STOP = "stop"  # what `jobs.round --continue` prints when the chain of rounds ends
+
+
+def round_count(text: str, what: str) -> int:
+    """A number of rounds (or a round number) given on the command line by the workflow."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            f"{what}={text!r} is not a whole number",
+            hint=f"set {what} to a number, e.g. -p {what}=3",
+        ) from None
+
+
+def continue_chain(first: str, rounds: str) -> str:
+    """After the round CODEQ_STORE__ROUND of a chain that started at `first` and asked for
+    `rounds` rounds: the next round's number, or STOP (the reason goes to the log)."""
+    from codeq.config import load_config
+    from codeq.pipeline.round_state import after_round
+    from codeq.store import open_store
+
+    config = load_config()
+    step = after_round(
+        open_store(config.store),
+        config.store.run,
+        config.store.round,
+        first=round_count(first, "first"),
+        rounds=round_count(rounds, "rounds"),
+        patience=config.promotion.patience,
+    )
+    action = "stopping" if step.next_round is None else "going on"
+    log(f"run {config.store.run}: {step.reason}; {action}")
+    return STOP if step.next_round is None else str(step.next_round)
+
+
+def round_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m jobs.round",
+        description="Print the round a workflow runs (CODEQ_STORE__ROUND: next or N); with "
+        "--continue, after round CODEQ_STORE__ROUND of a chain, the next round or 'stop'.",
+    )
+    parser.add_argument("--rounds", help="rounds the submission asked for (default 1)")
+    parser.add_argument("--max-rounds", help="most rounds a submission may ask for")
+    parser.add_argument("--continue", dest="go_on", action="store_true")
+    parser.add_argument("--first", help="with --continue: the chain's first round")
+    arguments = parser.parse_args(argv)
+    if arguments.go_on and (arguments.first is None or arguments.rounds is None):
+        parser.error("--continue needs --first and --rounds")
+    return arguments
+
+
+def round_output(arguments: argparse.Namespace) -> str:
+    """What `python -m jobs.round` prints: the round to run, or after --continue the next one."""
+    from codeq.pipeline.round_state import check_rounds_requested
+
+    if arguments.go_on:
+        return continue_chain(arguments.first, arguments.rounds)
+    if arguments.rounds is not None:
+        limit = arguments.max_rounds
+        check_rounds_requested(
+            round_count(arguments.rounds, "rounds"),
+            None if limit is None else round_count(limit, "max-rounds"),
+        )
+    return str(resolve_round())
+
+
+def main_round(argv: list[str] | None = None) -> None:
     """`python -m jobs.round`: print the round number (stdout) or fail with the exit code."""
     setup_logging()
     install_sigterm_handler()
     try:
-        print(resolve_round(), flush=True)
+        print(round_output(round_arguments(argv)), flush=True)
     except StageTerminated:
         sys.exit(EXIT_TERMINATED)
     except Exception as exc:  # noqa: BLE001 - reported like every job's error

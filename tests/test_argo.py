@@ -1,4 +1,5 @@
-"""What a user submits each round (argo/round.yaml) and its README, checked against the chart."""
+"""What a user submits (argo/round.yaml: a round; argo/rounds.yaml: several in one submission)
+and its README, checked against the chart."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ helm = pytest.importorskip("helm_python")
 
 REPO = Path(__file__).resolve().parent.parent
 ROUND = REPO / "argo" / "round.yaml"
+ROUNDS = REPO / "argo" / "rounds.yaml"
 README = REPO / "argo" / "README.md"
 
 
@@ -30,7 +32,40 @@ def test_round_workflow_refers_to_the_charts_template_and_overrides_no_default()
     assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
     assert "arguments" not in workflow["spec"]
     declared = [p["name"] for p in template["spec"]["arguments"]["parameters"]]
-    assert declared == ["round", "run", "force"]
+    assert declared == ["round", "run", "force", "rounds"]
+
+
+def test_rounds_workflow_valid_under_strict_argo_schema():
+    assert not argo_errors(yaml.safe_load(ROUNDS.read_text()), kind="Workflow")
+
+
+def test_rounds_workflow_asks_the_charts_template_for_rounds_only_within_max_rounds():
+    workflow = yaml.safe_load(ROUNDS.read_text())
+    template = workflow_template("default")
+    assert workflow["kind"] == "Workflow" and "generateName" in workflow["metadata"]
+    assert workflow["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
+    (parameter,) = workflow["spec"]["arguments"]["parameters"]
+    assert parameter["name"] == "rounds"
+    maximum = int(_max_rounds(template))
+    assert 1 < int(parameter["value"]) <= maximum
+
+
+def _max_rounds(template: dict) -> str:
+    (step,) = [t for t in template["spec"]["templates"] if t["name"] == "resolve-round"]
+    args = step["container"]["args"]
+    return args[args.index("--max-rounds") + 1]
+
+
+def test_rounds_workflow_opens_with_its_dag():
+    text = ROUNDS.read_text()
+    drawing = text.split("\napiVersion:", 1)[0]
+    assert all(line.startswith("#") for line in drawing.splitlines())
+    steps = ["fence", "resolve-round", "rounds(", *STAGES, "continue", "next: rounds("]
+    dag = drawing.index("main (DAG)")
+    positions = [drawing.index(step, dag) for step in steps]
+    assert positions == sorted(positions), "drawn in the order they run"
+    assert "when: result != stop" in drawing
+    assert "argo submit -n codeq argo/rounds.yaml" in drawing
 
 
 def test_readme_opens_with_the_dag_and_explains_submit():
@@ -46,8 +81,8 @@ def test_readme_opens_with_the_dag_and_explains_submit():
 
 def test_readme_shows_n_rounds_logs_and_stopping():
     text = README.read_text()
-    loop = re.search(r"for i in .*?; do\n(.*?)\ndone", text, flags=re.S)
-    assert loop and "argo submit" in loop.group(1) and "--wait || break" in loop.group(1)
+    assert "argo submit -n codeq argo/rounds.yaml" in text
+    assert "-p rounds=3" in text and "config.promotion.patience" in text
     for command in (
         "argo logs -n codeq <workflow> -l codeq.io/stage=collect",
         "kubectl -n codeq get jobs -l codeq.io/outcome=failed",

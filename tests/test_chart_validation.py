@@ -34,9 +34,11 @@ from test_helm import (
     REPO,
     SCENARIOS,
     STAGES,
+    VERIFIER,
     argo_schema_path,
     helper_pods,
     objects,
+    scenario_stages,
     scenario_values,
     stage_jobs,
     workflow_template,
@@ -213,11 +215,11 @@ def test_the_operator_schema_check_can_fail():
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_jobs_and_pods_inside_the_workflow_are_valid_under_strict_kubernetes_schemas(scenario):
     jobs = stage_jobs(scenario)
-    assert sorted(jobs) == sorted(STAGES)
+    assert sorted(jobs) == sorted(scenario_stages(scenario))
     for job in jobs.values():
         validate(job)
     pods = helper_pods(scenario)
-    assert set(pods) == {"fence", "resolve-round", "finish", "release-jobs"}
+    assert set(pods) == {"fence", "resolve-round", "continue", "finish", "release-jobs"}
     for pod in pods.values():
         validate(pod)
 
@@ -379,9 +381,11 @@ def test_checkov_passes_on_the_rendered_chart(chart_checkov):
     assert chart_checkov["passed"] > 500
     assert chart_checkov["failed"] == 0, chart_checkov["failed_checks"]
     checked = chart_checkov["resources"]
-    for stage in STAGES:
-        assert any(f"Job.{NAMESPACE}.{ARGO_SAMPLE['workflow.name']}-{stage}" in r for r in checked)
+    for stage in [*STAGES, VERIFIER]:  # the verifier scenario renders the verifier's Job
+        job = f"{ARGO_SAMPLE['workflow.name']}-r{ARGO_SAMPLE['inputs.parameters.round']}-{stage}"
+        assert any(f"Job.{NAMESPACE}.{job}" in r for r in checked)
     assert any(r.startswith("Pod.") and "resolve-round" in r for r in checked)
+    assert any(r.startswith("Pod.") and "continue" in r for r in checked)
 
 
 def test_every_checkov_skip_carries_a_reason(chart_checkov):

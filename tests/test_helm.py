@@ -26,6 +26,8 @@ SCENARIOS = sorted(
     p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml")
 )
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
+VERIFIER = "verifier"  # a stage only with config.verifier.enabled (stages_of)
+TRAIN_IMAGE_STAGES = {"train", VERIFIER}
 SANDBOX_STAGES = {"prepare", "collect", "evaluate"}
 CPU_STAGES = {"prepare", "pairs", "promote", "report"}
 RELEASE, NAMESPACE = "codeq", "codeq"
@@ -37,10 +39,13 @@ ARGO_SAMPLE = {
     "workflow.parameters.round": "next",
     "workflow.parameters.run": "default",
     "workflow.parameters.force": "false",
+    "workflow.parameters.rounds": "1",
     "workflow.status": "Failed",
     "tasks.resolve-round.outputs.result": "3",
+    "steps.continue.outputs.result": "4",
     "inputs.parameters.round": "3",
-    "inputs.parameters.job": f"{WORKFLOW_NAME}-collect",
+    "inputs.parameters.first": "3",
+    "inputs.parameters.job": f"{WORKFLOW_NAME}-r3-collect",
 }
 ARGO_EXPRESSIONS = set(ARGO_SAMPLE)
 # Largest ephemeral-storage request of a stage in the default values: fits the allocatable
@@ -90,6 +95,18 @@ def effective_values(scenario: str, extra: str = "") -> dict[str, Any]:
     return deep_merge(values, json.loads(extra)) if extra else values
 
 
+def stages_of(values: dict[str, Any]) -> list[str]:
+    """The stages a round of these values runs, in order: STAGES, and the learned verifier
+    between collect and pairs when the chart's config.verifier.enabled is true."""
+    if not (values.get("config") or {}).get("verifier", {}).get("enabled"):
+        return list(STAGES)
+    return [*STAGES[:2], VERIFIER, *STAGES[2:]]
+
+
+def scenario_stages(scenario: str, extra: str = "") -> list[str]:
+    return stages_of(effective_values(scenario, extra))
+
+
 def objects(scenario: str, extra: str = "") -> list[dict[str, Any]]:
     found = []
     for path, text in sorted(render(scenario, extra).items()):
@@ -122,7 +139,8 @@ def raw_manifests(scenario: str, extra: str = "") -> dict[str, str]:
             manifest = yaml.safe_load(resource["manifest"])
             if manifest["kind"] == "Job":
                 found[manifest["metadata"]["labels"]["codeq.io/stage"]] = resource["manifest"]
-    assert sorted(found) == sorted(STAGES), f"stage Jobs found: {sorted(found)}"
+    expected = scenario_stages(scenario, extra)
+    assert sorted(found) == sorted(expected), f"stage Jobs found: {sorted(found)}"
     return found
 
 
@@ -156,6 +174,8 @@ def helper_pods(scenario: str, extra: str = "") -> dict[str, dict[str, Any]]:
         }
         if "automountServiceAccountToken" in template:
             pod_spec["automountServiceAccountToken"] = template["automountServiceAccountToken"]
+        if "activeDeadlineSeconds" in template:  # Argo sets the template's on its pod
+            pod_spec["activeDeadlineSeconds"] = int(template["activeDeadlineSeconds"])
         for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
             if spec.get(key):
                 pod_spec[key] = spec[key]
@@ -191,22 +211,90 @@ def parse_quantity(text: str | int) -> float:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_dag_fences_resolves_the_round_then_runs_every_stage_in_order(scenario):
+def test_dag_fences_resolves_the_round_then_runs_the_chain_of_rounds(scenario):
     spec = workflow_template(scenario)["spec"]
     by_name = templates(scenario)
     tasks = by_name[spec["entrypoint"]]["dag"]["tasks"]
-    assert [t["name"] for t in tasks] == ["fence", "resolve-round", *STAGES]
+    assert [t["name"] for t in tasks] == ["fence", "resolve-round", "rounds"]
     assert "depends" not in tasks[0] and tasks[1]["depends"] == "fence"
-    for before, task in zip(["resolve-round", *STAGES[:-1]], tasks[2:], strict=True):
+    assert tasks[2]["depends"] == "resolve-round" and tasks[2]["template"] == "rounds"
+    first = "{{tasks.resolve-round.outputs.result}}"
+    assert tasks[2]["arguments"]["parameters"] == [
+        {"name": "round", "value": first},
+        {"name": "first", "value": first},
+    ]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_chain_runs_a_round_asks_the_store_and_recurses_until_stop(scenario):
+    """Argo's way to loop on a result: a steps template that calls itself under `when`."""
+    by_name = templates(scenario)
+    chain = by_name["rounds"]
+    assert [p["name"] for p in chain["inputs"]["parameters"]] == ["round", "first"]
+    groups = chain["steps"]
+    assert [[step["name"] for step in group] for group in groups] == [
+        ["round"],
+        ["continue"],
+        ["next"],
+    ]
+    (round_step,), (go_on,), (recurse,) = groups
+    assert round_step["template"] == "round"
+    assert round_step["arguments"]["parameters"] == [
+        {"name": "round", "value": "{{inputs.parameters.round}}"}
+    ]
+    assert go_on["template"] == "continue"
+    assert go_on["arguments"]["parameters"] == [
+        {"name": "round", "value": "{{inputs.parameters.round}}"},
+        {"name": "first", "value": "{{inputs.parameters.first}}"},
+    ]
+    assert recurse["template"] == "rounds", "the recursion"
+    assert recurse["when"] == "{{steps.continue.outputs.result}} != stop"
+    assert recurse["arguments"]["parameters"] == [
+        {"name": "round", "value": "{{steps.continue.outputs.result}}"},
+        {"name": "first", "value": "{{inputs.parameters.first}}"},
+    ]
+    # `continue` is the round-number step's container run with --continue, for the round just run.
+    step = by_name["continue"]
+    assert step["container"]["command"] == ["python", "-m", "jobs.round"]
+    assert step["container"]["args"] == [
+        "--continue",
+        "--first",
+        "{{inputs.parameters.first}}",
+        "--rounds",
+        "{{workflow.parameters.rounds}}",
+    ]
+    env = {e["name"]: e.get("value") for e in step["container"]["env"]}
+    assert env["CODEQ_STORE__ROUND"] == "{{inputs.parameters.round}}"
+    assert env["CODEQ_STORE__RUN"] == "{{workflow.parameters.run}}"
+    assert step["serviceAccountName"] == "codeq-jobs" and not step["automountServiceAccountToken"]
+    assert "75" in step["retryStrategy"]["expression"], "a store outage is retried"
+    for helper in ("resolve-round", "continue"):
+        assert by_name[helper]["activeDeadlineSeconds"] == "1800", helper
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_round_runs_every_stage_in_order_with_its_round_number(scenario):
+    by_name = templates(scenario)
+    one_round = by_name["round"]
+    assert [p["name"] for p in one_round["inputs"]["parameters"]] == ["round"]
+    tasks = one_round["dag"]["tasks"]
+    stages = scenario_stages(scenario)
+    assert [t["name"] for t in tasks] == stages
+    assert "depends" not in tasks[0]
+    for before, task in zip(stages[:-1], tasks[1:], strict=True):
         assert task["depends"] == before
+    for task in tasks:
         (argument,) = task["arguments"]["parameters"]
-        assert argument == {"name": "round", "value": "{{tasks.resolve-round.outputs.result}}"}
-    for stage in STAGES:
+        assert argument == {"name": "round", "value": "{{inputs.parameters.round}}"}
+    for stage in stages:
         steps = [step for group in by_name[stage]["steps"] for step in group]
         assert [s["name"] for s in steps] == ["start", "finish"]
         assert steps[0]["template"] == f"{stage}-start"
         assert steps[1]["arguments"]["parameters"] == [
-            {"name": "job", "value": f"{{{{workflow.name}}}}-{stage}"}
+            {
+                "name": "job",
+                "value": f"{{{{workflow.name}}}}-r{{{{inputs.parameters.round}}}}-{stage}",
+            }
         ]
 
 
@@ -216,10 +304,15 @@ def test_round_defaults_to_next_and_run_to_the_charts_value(scenario):
     parameters = {
         p["name"]: p for p in workflow_template(scenario)["spec"]["arguments"]["parameters"]
     }
-    assert list(parameters) == ["round", "run", "force"]
+    assert list(parameters) == ["round", "run", "force", "rounds"]
     assert parameters["round"]["value"] == "next"
     assert parameters["run"]["value"] == values["run"]["name"]
     assert parameters["force"]["value"] == "false"
+    assert parameters["rounds"]["value"] == "1", "one round per submission, as argo/round.yaml did"
+    assert (
+        f"workflow.maxRounds={values['workflow']['maxRounds']}"
+        in (parameters["rounds"]["description"])
+    )
     other = workflow_template(scenario, json.dumps({"run": {"name": "qwen7b-mcts"}}))
     assert other["spec"]["arguments"]["parameters"][1]["value"] == "qwen7b-mcts"
 
@@ -229,6 +322,13 @@ def test_the_round_number_step_runs_jobs_round_with_the_requested_round():
     step = templates("default")["resolve-round"]
     container = step["container"]
     assert container["command"] == ["python", "-m", "jobs.round"]
+    maximum = str(effective_values("default")["workflow"]["maxRounds"])
+    assert container["args"] == [
+        "--rounds",
+        "{{workflow.parameters.rounds}}",
+        "--max-rounds",
+        maximum,
+    ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["CODEQ_STORE__ROUND"] == "{{workflow.parameters.round}}"
     assert env["CODEQ_STORE__RUN"] == "{{workflow.parameters.run}}"
@@ -253,12 +353,15 @@ def test_the_round_number_step_resolves_next_and_refuses_an_out_of_order_round(t
     (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
     store = tmp_path / "store"
 
-    def run(requested: str) -> subprocess.CompletedProcess:
+    def run(requested: str, rounds: str = "1") -> subprocess.CompletedProcess:
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}
+        table = {
+            **ARGO_SAMPLE,
+            "workflow.parameters.round": requested,
+            "workflow.parameters.rounds": rounds,
+        }
         for var in container["env"]:
-            env[var["name"]] = substitute(
-                var["value"], {**ARGO_SAMPLE, "workflow.parameters.round": requested}
-            )
+            env[var["name"]] = substitute(var["value"], table)
         env.update(
             CODEQ_CONFIG_FILE=str(tmp_path / "config.yaml"),
             CODEQ_STORE__URI=f"file://{store}",
@@ -266,7 +369,8 @@ def test_the_round_number_step_resolves_next_and_refuses_an_out_of_order_round(t
             TMPDIR=str(tmp_path),
         )
         env.pop("AWS_SHARED_CREDENTIALS_FILE", None)
-        command = [sys.executable, *container["command"][1:]]
+        args = [substitute(arg, table) for arg in container["args"]]
+        command = [sys.executable, *container["command"][1:], *args]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
     first = run("next")
@@ -280,6 +384,14 @@ def test_the_round_number_step_resolves_next_and_refuses_an_out_of_order_round(t
     refused = run("5")
     assert refused.returncode == 2 and refused.stdout == ""
     assert "round 4" in refused.stderr and "has not finished" in refused.stderr
+    assert run("next", rounds="10").stdout == "1\n"  # workflow.maxRounds (10)
+    too_many = run("next", rounds="11")
+    assert too_many.returncode == 2 and too_many.stdout == ""
+    assert "error: rounds=11 is more than the 10 round(s)" in too_many.stderr
+    assert "workflow.maxRounds" in too_many.stderr
+    not_a_number = run("next", rounds="five")
+    assert not_a_number.returncode == 2
+    assert "error: rounds='five' is not a whole number" in not_a_number.stderr
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -319,13 +431,17 @@ def test_a_retried_step_adopts_its_job_instead_of_creating_a_second(scenario):
         if t.get("resource", {}).get("action") in ("create", "apply")
         and yaml.safe_load(t["resource"]["manifest"])["kind"] == "Job"
     }
-    assert sorted(creating) == sorted(STAGES)
+    assert sorted(creating) == sorted(scenario_stages(scenario))
     for stage, start in creating.items():
         resource = start["resource"]
         assert resource["action"] == "apply"
         assert resource["setOwnerReference"] is True
         job = yaml.safe_load(resource["manifest"])
-        assert job["metadata"]["name"] == f"{{{{workflow.name}}}}-{stage}"
+        # One Job per stage and round: a later round of the workflow never adopts an earlier one's.
+        assert (
+            job["metadata"]["name"]
+            == f"{{{{workflow.name}}}}-r{{{{inputs.parameters.round}}}}-{stage}"
+        )
         assert "generateName" not in job["metadata"]
         assert "{{retries}}" not in resource["manifest"]
         assert "suspend" not in job["spec"], "Kueue owns spec.suspend; a re-apply must not flip it"
@@ -345,7 +461,7 @@ def test_a_retried_step_adopts_its_job_instead_of_creating_a_second(scenario):
     assert retry["expression"] == 'lastRetry.status == "Error" || asInt(lastRetry.exitCode) == 75'
     assert retry["limit"] == str(values["workflow"]["stepRetries"])
     # Long enough names still fit: Indexed pods are named <job>-<index>-<suffix> (<= 63).
-    longest = max(len(f"{WORKFLOW_NAME}-{stage}") for stage in STAGES)
+    longest = max(len(f"{WORKFLOW_NAME}-r999-{stage}") for stage in [*STAGES, VERIFIER])
     assert longest + len("-999-abcde") <= 63
 
 
@@ -361,7 +477,7 @@ def test_start_only_applies_the_job_and_finish_waits_with_the_start_timeout(scen
     """Argo's resource steps log every requirement of their conditions at every poll (about 26
     lines every 5 s); the waiting is the finish script's, which logs changes only."""
     values = effective_values(scenario)
-    for stage in STAGES:
+    for stage in stages_of(values):
         start = templates(scenario)[f"{stage}-start"]
         assert not {"successCondition", "failureCondition"} & set(start["resource"]), stage
         assert "timeout" not in start
@@ -471,7 +587,7 @@ def test_every_job_has_placement_gpus_deadlines_and_restricted_security(scenario
         assert pod.get("nodeSelector", {}) == selector
         assert pod.get("tolerations", []) == tolerations
         assert container["resources"]["limits"]["nvidia.com/gpu"] == conf["gpus"]
-        image = values["images"]["train" if stage == "train" else "infer"]
+        image = values["images"]["train" if stage in TRAIN_IMAGE_STAGES else "infer"]
         assert container["image"].startswith(image["repository"])
         if image["digest"]:
             assert container["image"] == f"{image['repository']}@{image['digest']}"
@@ -628,7 +744,7 @@ PROMOTED_ADAPTERS = 10
 # Room for what is not weights (tasks, trajectories, pairs, evaluation trees, logs): an
 # allowance, not a measurement; these files do not grow with the model.
 WORK_FILES = {"prepare": 1e9, "collect": 1e9, "pairs": 1e9, "train": 1e9, "evaluate": 1e9}
-WORK_FILES |= {"promote": 0.5e9, "report": 0.5e9}
+WORK_FILES |= {"promote": 0.5e9, "report": 0.5e9, VERIFIER: 1e9}
 
 
 def linear_shapes(config: dict[str, int]) -> dict[str, tuple[int, int]]:
@@ -668,13 +784,21 @@ def adapter_bytes(config: dict[str, int], rank: int, modules: list[str]) -> int:
 
 
 def peak_scratch(
-    stage: str, train: dict[str, Any], model_cached: bool, shapes: dict[str, Any] = QWEN_7B
+    stage: str,
+    train: dict[str, Any],
+    model_cached: bool,
+    shapes: dict[str, Any] = QWEN_7B,
+    verifier: dict[str, Any] | None = None,
 ) -> float:
     """Bytes on a stage's /scratch at its peak, a run of PROMOTED_ADAPTERS promoted rounds in:
     the base model downloaded into the Hugging Face cache (unless the model cache serves it),
     one merged folder per policy the stage loads (collect and train: the promoted lineage;
     evaluate: it and the candidate, which adds this round's adapter), every adapter of those
-    lineages, and the stage's work files. `shapes`: the model's config.json (default the 7B)."""
+    lineages, and the stage's work files. `shapes`: the model's config.json (default the 7B).
+    `verifier` (verifier_disk; None: the round trains no verifier): the stages in its `stages`
+    hold its LoRA too (the verifier stage writes it on the base model, pairs with
+    pairs.q_ai=verifier and evaluate load it on the base model, which pairs alone downloads
+    for it)."""
     model = weight_bytes(shapes) + TOKENIZER_FILES
     adapter = adapter_bytes(shapes, train["lora_r"], train["target_modules"])
     policies = {"collect": 1, "train": 1, "evaluate": 2}.get(stage, 0)
@@ -682,7 +806,27 @@ def peak_scratch(
     weights = 0.0
     if policies:
         weights = (0 if model_cached else model) + policies * model + adapters * adapter
+    if verifier and stage in verifier["stages"]:
+        if not policies:
+            weights += 0 if model_cached else model
+        weights += adapter_bytes(shapes, verifier["lora_r"], verifier["target_modules"])
     return weights + WORK_FILES[stage]
+
+
+def verifier_disk(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The chart config's verifier settings (codeq's defaults under them) and the stages that
+    hold its weights on /scratch; None when the rounds train no verifier."""
+    from codeq.config import load_config
+
+    config = values["config"]
+    if VERIFIER not in stages_of(values):
+        return None
+    settings = load_config(None).verifier.model_dump()
+    settings.update(config.get("verifier", {}))
+    stages = {VERIFIER, "evaluate"}
+    if config.get("pairs", {}).get("q_ai") == "verifier":
+        stages.add("pairs")
+    return {**settings, "stages": stages}
 
 
 def scratch_capacity(pod: dict[str, Any]) -> float:
@@ -702,7 +846,7 @@ def test_the_7b_sizes_are_the_known_ones():
     assert adapter_bytes(QWEN_7B, 32, list(linear_shapes(QWEN_7B))) == 334_961_408
 
 
-@pytest.mark.parametrize("scenario", ["default", "irsa", "kueue", "gke", "karpenter"])
+@pytest.mark.parametrize("scenario", ["default", "irsa", "kueue", "gke", "karpenter", "verifier"])
 def test_every_stage_has_the_disk_its_7b_peak_needs(scenario):
     """Each stage's /scratch holds its peak at the 7B's shapes (the base model, the merged
     policies, the adapters of a 10-round lineage, its work files), and its ephemeral-storage
@@ -721,7 +865,7 @@ def test_every_stage_has_the_disk_its_7b_peak_needs(scenario):
     train.update(values["config"].get("train", {}))
     for stage, job in stage_jobs(scenario).items():
         pod = job["spec"]["template"]["spec"]
-        need = peak_scratch(stage, train, cached)
+        need = peak_scratch(stage, train, cached, verifier=verifier_disk(values))
         have = scratch_capacity(pod)
         assert have >= need, (
             f"{scenario}/{stage}: /scratch holds {have / 1e9:.1f} GB, its 7B peak is "
@@ -733,12 +877,17 @@ def test_the_disk_table_in_the_docs_is_the_computed_one():
     text = (REPO / "docs" / "cluster.md").read_text().split("### Disk", 1)[1].split("\n## ")[0]
     train = {"lora_r": 32, "target_modules": list(linear_shapes(QWEN_7B))}
     values = effective_values("default")
-    for stage in STAGES:
+    # The verifier's row: what its stage needs once config.verifier.enabled adds it.
+    verifier = verifier_disk(deep_merge(values, {"config": {"verifier": {"enabled": True}}}))
+    assert verifier
+    verifier["stages"] = {VERIFIER}
+    for stage in values["stages"]:
         row = re.search(rf"^\| {stage} [^\n]*$", text, flags=re.M)
         assert row, stage
         cells = [c.strip() for c in row.group(0).strip("|").split("|")]
-        assert cells[1] == f"{peak_scratch(stage, train, False) / 1e9:.1f} GB", (stage, cells)
-        assert cells[2] == f"{peak_scratch(stage, train, True) / 1e9:.1f} GB", (stage, cells)
+        for cached, cell in ((False, cells[1]), (True, cells[2])):
+            need = peak_scratch(stage, train, cached, verifier=verifier)
+            assert cell == f"{need / 1e9:.1f} GB", (stage, cells)
         assert cells[3] == values["stages"][stage]["volumes"]["scratch"], (stage, cells)
 
 
@@ -1221,38 +1370,51 @@ def test_extra_volumes_that_cannot_work_fail_the_render(extra, message):
 
 
 def stage_deadline_sum(values: dict[str, Any]) -> int:
-    return sum(values["stages"][stage]["activeDeadlineSeconds"] for stage in STAGES)
+    return sum(values["stages"][stage]["activeDeadlineSeconds"] for stage in stages_of(values))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_the_round_deadline_covers_every_stage_deadline_and_start_timeout(scenario):
+def test_the_workflow_deadline_covers_max_rounds_of_every_stage_deadline_and_start_timeout(
+    scenario,
+):
     """A round may run each stage to its deadline after waiting workflow.startTimeout to start;
-    the workflow's deadline is derived from that, so it never cuts a legitimate round short."""
+    a submission may ask for workflow.maxRounds rounds. The workflow's deadline is derived from
+    both, so it never cuts a legitimate chain of rounds short."""
     values = effective_values(scenario)
     start = go_duration_seconds(values["workflow"]["startTimeout"])
-    expected = stage_deadline_sum(values) + len(STAGES) * math.ceil(start) + 3600
+    one_round = stage_deadline_sum(values) + len(stages_of(values)) * math.ceil(start) + 3600
     deadline = workflow_template(scenario)["spec"]["activeDeadlineSeconds"]
-    assert deadline == expected
+    assert deadline == values["workflow"]["maxRounds"] * one_round
     assert deadline > stage_deadline_sum(values)
 
 
-def test_the_default_round_deadline_is_the_sum_documented():
+def test_the_workflow_deadline_grows_with_max_rounds():
+    three = workflow_template("default", json.dumps({"workflow": {"maxRounds": 3}}))
+    one = workflow_template("default", json.dumps({"workflow": {"maxRounds": 1}}))
+    assert three["spec"]["activeDeadlineSeconds"] == 3 * one["spec"]["activeDeadlineSeconds"]
+    # resolve-round refuses a submission asking for more rounds than that deadline covers.
+    (step,) = [t for t in three["spec"]["templates"] if t["name"] == "resolve-round"]
+    assert step["container"]["args"][-2:] == ["--max-rounds", "3"]
+
+
+def test_the_default_deadline_is_the_sum_documented():
     deadline = workflow_template("default")["spec"]["activeDeadlineSeconds"]
-    assert deadline == 385200  # 107 h: values.yaml and docs/cluster.md say so
-    assert "107 h" in (CHART / "values.yaml").read_text()
+    assert deadline == 10 * 385200  # 10 rounds of 107 h: values.yaml and docs/cluster.md say so
+    values_text = (CHART / "values.yaml").read_text()
+    assert "107 h with the defaults" in values_text and "1070 h with the defaults" in values_text
+    assert "maxRounds: 10" in values_text
 
 
-def test_a_round_deadline_shorter_than_its_stages_fails_the_install():
+def test_a_deadline_shorter_than_max_rounds_of_stages_fails_the_install():
     with pytest.raises(helm.HelmError) as caught:
-        render_with("default", workflow={"activeDeadlineSeconds": 172800})
+        render_with("default", workflow={"activeDeadlineSeconds": 400000})
     message = str(caught.value)
     assert (
-        "workflow.activeDeadlineSeconds=172800 is shorter than a round may take (385200 s"
-        in message
+        "workflow.activeDeadlineSeconds=400000 is shorter than workflow.maxRounds=10 round(s) "
+        "may take (3852000 s: 385200 s a round" in message
     )
-    longer = workflow_template(
-        "default", json.dumps({"workflow": {"activeDeadlineSeconds": 400000}})
-    )
+    one = {"activeDeadlineSeconds": 400000, "maxRounds": 1}
+    longer = workflow_template("default", json.dumps({"workflow": one}))
     assert longer["spec"]["activeDeadlineSeconds"] == 400000
 
 
@@ -1448,6 +1610,10 @@ def test_configmap_holds_a_config_codeq_accepts(scenario, tmp_path, monkeypatch)
         {"stages": {"train": {"extraVolumes": [{"name": "n", "emptyDir": {}, "hostPath": {}}]}}},
         {"stages": {"train": {"extraVolumes": [{"emptyDir": {}}]}}},
         {"workflow": {"activeDeadlineSeconds": "2d"}},
+        {"workflow": {"maxRounds": 0}},
+        {"workflow": {"maxRounds": 65}},
+        {"workflow": {"maxRounds": "10"}},
+        {"workflow": {"maxRound": 10}},
         {"workflow": {"podAnnotations": {"bad key with spaces": "x"}}},
     ],
 )
@@ -1514,6 +1680,8 @@ def test_notes_say_how_to_follow_read_logs_and_stop_a_round():
     ):
         assert text in notes, text
     assert "-p round=0" not in notes, "the round number defaults to the next one"
+    assert "-p rounds=<K>" in notes and "workflow.maxRounds=10" in notes
+    assert "Deadline:         3852000 s (workflow.maxRounds=10 rounds of 385200 s" in notes
 
 
 # ----------------------------------------------------------------------------- the first run on EKS

@@ -18,7 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = RoundLayout("jobs", 0)
 
 
-def run_job(stage: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+def run_job(
+    stage: str, env: dict[str, str], timeout: float = 120, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     full_env = {
         key: value
         for key, value in os.environ.items()
@@ -28,7 +30,7 @@ def run_job(stage: str, env: dict[str, str], timeout: float = 120) -> subprocess
     full_env.update({"CODEQ_STORE__RUN": LAYOUT.run, "CODEQ_STORE__ROUND": "0"})
     full_env.update(env)
     return subprocess.run(
-        [sys.executable, "-m", f"jobs.{stage}"],
+        [sys.executable, "-m", f"jobs.{stage}", *args],
         cwd=REPO_ROOT,
         env=full_env,
         capture_output=True,

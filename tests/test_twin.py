@@ -39,15 +39,23 @@ def images() -> dict[str, str]:
     return containers.build_images("cpu")
 
 
-def test_a_round_runs_through_the_charts_job_specs_and_leaves_its_report_in_s3(images, tmp_path):
+def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave_reports_in_s3(
+    images, tmp_path
+):
+    """The multi-round path (argo/rounds.yaml with `rounds`=2; one test, not two, so CI runs
+    the twin's rounds once): after round 0 the `continue` pod reads the store and round 1 runs
+    in the same workflow, with Jobs of its own. With promotion.patience 2, round 1 runs
+    whether round 0 promoted or not."""
     started = time.monotonic()
-    with twin.running_twin(work=tmp_path / "twin") as cluster:
+    values = twin.twin_values({"config": {"promotion": {"patience": 2}}})
+    with twin.running_twin(values, tmp_path / "twin", parameters={"rounds": "2"}) as cluster:
         outcome = cluster.run_round()
-        uri, local = cluster.report(outcome["run"], outcome["round"], tmp_path / "report")
-        base = f"runs/{outcome['run']}/round-{outcome['round']}"
-        keys = set(cluster.keys(base))
+        uri, local = cluster.report(outcome["run"], "0", tmp_path / "report")
+        keys = set(cluster.keys("runs/twin/"))
         prefix = cluster.keys()[0].split("/runs/")[0]
-        shard = json.loads(cluster.get(f"{prefix}/{base}/trajectories/shard-1/_COMPLETE"))
+        shard = json.loads(
+            cluster.get(f"{prefix}/runs/twin/round-0/trajectories/shard-1/_COMPLETE")
+        )
         seccomp = sorted(
             p.relative_to(cluster.seccomp_root) for p in cluster.seccomp_root.rglob("*")
         )
@@ -59,26 +67,22 @@ def test_a_round_runs_through_the_charts_job_specs_and_leaves_its_report_in_s3(i
         ]
         jobs = list(cluster.jobs)
         timings = list(cluster.timings)
-    print(f"twin round in {time.monotonic() - started:.0f} s: {timings}")
-    assert (outcome["run"], outcome["round"]) == ("twin", "0")
-    assert [name.rsplit("-", 1)[1] for name in jobs] == [
-        "prepare",
-        "collect",
-        "pairs",
-        "train",
-        "evaluate",
-        "promote",
-        "report",
-    ]
-    for output in STAGE_OUTPUTS:
-        assert f"{prefix}/{base}/{output}/_COMPLETE" in keys, output
-        assert f"{prefix}/{base}/{output}/MANIFEST.json" in keys, output
+    print(f"twin rounds in {time.monotonic() - started:.0f} s: {timings}")
+    assert (outcome["run"], outcome["round"], outcome["rounds"]) == ("twin", "0", ["0", "1"])
+    stages = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
+    workflow = outcome["workflow"]
+    assert jobs == [f"{workflow}-r{number}-{stage}" for number in (0, 1) for stage in stages]
+    for number in (0, 1):
+        for output in STAGE_OUTPUTS:
+            base = f"{prefix}/runs/twin/round-{number}/{output}"
+            assert f"{base}/_COMPLETE" in keys, (number, output)
+            assert f"{base}/MANIFEST.json" in keys, (number, output)
     assert shard["shard_count"] == 2
-    assert uri == f"s3://codeq-twin/{prefix}/{base}/report/index.html"
+    assert uri == f"s3://codeq-twin/{prefix}/runs/twin/round-0/report/index.html"
     assert "<html" in local.read_text().lower()
     # The sandbox ran nested gVisor under the profile the chart's DaemonSet put on the node.
     assert [str(p) for p in seccomp] == ["codeq", "codeq/codeq", "codeq/codeq/codeq-sandbox.json"]
-    assert len(collect_logs) == 2
+    assert len(collect_logs) == 4
     assert all("gvisor workers" in text for text in collect_logs)
 
 

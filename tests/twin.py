@@ -13,9 +13,13 @@ every part of the cluster that the rendered objects rely on, with Docker on this
 - the network: an internal Docker network (no route out) whose gateway serves S3 (a moto server)
   at the address the chart's store.endpointUrl names; the NetworkPolicy selecting each pod must
   allow egress to it.
-- Argo: the WorkflowTemplate's DAG is walked in dependency order with its parameters' defaults.
-  A container template (resolve-round) runs as a pod and its stdout becomes
-  `tasks.<name>.outputs.result`; a steps template runs its steps; a resource template that
+- Argo: the WorkflowTemplate's entrypoint is walked with its parameters' defaults (and those
+  the twin is given, e.g. rounds=2): a DAG in dependency order, a steps template group by group,
+  each step under its `when` as Argo judges it (when_holds), templates that call themselves
+  (the chain of rounds) included. Each template sees the workflow's variables and its own inputs,
+  plus the results of its own DAG's tasks (`tasks.<name>.outputs.result`) or earlier steps
+  (`steps.<name>.outputs.result`), as in Argo. A container template (resolve-round, continue)
+  runs as a pod and its stdout is its result; a resource template that
   applies a Job runs that Job (below), and the success and failure conditions of every resource
   step are judged on the Job's resulting status as Argo judges them (tests/argo_conditions.py).
   The steps that talk to the Kubernetes API (the chart's scripts: the fence, each stage's
@@ -31,7 +35,9 @@ every part of the cluster that the rendered objects rely on, with Docker on this
   pod; an OOM-killed container is reported as such.
 
 Every spec comes from the rendered chart, so a broken spec fails the twin with a TwinError that
-names the Job and the problem. The round's report stays in S3 (printed with a local copy).
+names the Job and the problem. Each round's report stays in S3 (printed with a local copy).
+`--rounds N` submits the multi-round path (argo/rounds.yaml): the `continue` step runs as a pod
+after each round and the chain goes on under its `when`, as in Argo.
 
 Not modelled: the exit handler (release-jobs stops Jobs through the API), Kueue, GPUs (the
 twin's values ask for none), image pulls (the images are built here), more than one node.
@@ -46,6 +52,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,6 +156,36 @@ def substitute_all(value: Any, scope: Mapping[str, str]) -> Any:
     if isinstance(value, dict):
         return {key: substitute_all(item, scope) for key, item in value.items()}
     return value
+
+
+def when_holds(expression: str) -> bool:
+    """Argo's `when` on an expression whose {{...}} are already substituted
+    (workflow/controller/steps.go, shouldExecute): govaluate with every bare word taken as a
+    string, so `4 != stop` holds and `stop != stop` does not. Modelled: one comparison `a == b`
+    or `a != b`; a number equals a number of the same value, a string the same string."""
+    parts = re.fullmatch(r"\s*(\S+)\s*(==|!=)\s*(\S+)\s*", expression)
+    if not parts or any(op in expression for op in ("&&", "||")):
+        raise TwinError(f"`when: {expression}` is not modelled (one == or != comparison is)")
+
+    def operand(token: str) -> tuple[str, Any]:
+        if len(token) >= 2 and token[0] == token[-1] and token[0] in "'\"":
+            return "string", token[1:-1]
+        try:
+            return "number", float(token)
+        except ValueError:
+            return "string", token
+
+    equal = operand(parts.group(1)) == operand(parts.group(3))
+    return equal if parts.group(2) == "==" else not equal
+
+
+def step_path(parent: str, name: str) -> str:
+    """The twin's name of a step or task: its parents' names and its own, joined by dots."""
+    return f"{parent}.{name}" if parent else name
+
+
+class StopWalk(Exception):  # noqa: N818 - control flow, not an error
+    """Raised after the step or task named `stop_after` finished: the walk ends there."""
 
 
 def dag_order(dag: dict[str, Any]) -> list[dict[str, Any]]:
@@ -328,6 +365,9 @@ class Twin:
         self.jobs: dict[str, JobResult] = {}
         self.job_metadata: dict[str, dict[str, Any]] = {}
         self.timings: list[tuple[str, float]] = []
+        self.rounds: list[str] = []  # the rounds whose Jobs the workflow created, in order
+        self.globals: dict[str, str] = {}  # the workflow's variables (name, parameters)
+        self.stop_after: str | None = None
         self._moto: subprocess.Popen[bytes] | None = None
         self._lock: Any = None
         self._stack = contextlib.ExitStack()
@@ -660,51 +700,46 @@ class Twin:
 
     # --------------------------------------------------------------------------- Argo
 
-    def begin(self) -> dict[str, str]:
-        """What `helm install` started (the DaemonSets), then every spec checked; the scope of
-        Argo expressions of a new workflow (its name, parameters)."""
+    def workflow_scope(self) -> dict[str, str]:
+        """The variables every template of a new workflow sees: its name and parameters (the
+        template's defaults, replaced by the twin's `parameters`, as `argo submit -p` does)."""
         spec = self.workflow["spec"]
         parameters = {
             p["name"]: str(p.get("value", "")) for p in spec["arguments"]["parameters"]
         } | self.parameters
-        scope = {
+        return {
             "workflow.name": f"codeq-round-{self.id[:5]}",
             "workflow.namespace": self.workflow["metadata"].get("namespace", "codeq"),
             "workflow.uid": str(uuid.uuid4()),
             "workflow.status": "Running",
             **{f"workflow.parameters.{k}": v for k, v in parameters.items()},
         }
+
+    def begin(self) -> dict[str, str]:
+        """What `helm install` started (the DaemonSets), then every spec checked; the scope of
+        Argo expressions of a new workflow (its name, parameters)."""
+        scope = self.workflow_scope()
         self.install_node_objects()
         self.preflight(scope)
         return scope
 
-    def tasks(self) -> list[dict[str, Any]]:
-        """The entrypoint DAG's tasks in the order the twin runs them."""
-        return dag_order(self.templates[self.workflow["spec"]["entrypoint"]]["dag"])
-
-    def run_task(self, task: dict[str, Any], scope: dict[str, str]) -> None:
-        arguments = {
-            p["name"]: containers.substitute(str(p.get("value", "")), scope)
-            for p in (task.get("arguments") or {}).get("parameters") or []
-        }
-        started = time.monotonic()
-        result = self.run_template(task["name"], task["template"], arguments, scope)
-        self.timings.append((task["name"], time.monotonic() - started))
-        if result is not None:
-            scope[f"tasks.{task['name']}.outputs.result"] = result
-
     def run_round(self, stop_after: str | None = None) -> dict[str, Any]:
-        """Walk the WorkflowTemplate's entrypoint DAG (up to and including `stop_after`);
-        return the round's number, run and workflow, and the scope of its expressions."""
+        """Walk the WorkflowTemplate from its entrypoint: every round the submission chains (one
+        with the default `rounds`), up to and including the step or task named `stop_after`.
+        Returns the first round's number, every round run, the run and workflow, and the
+        variables of the last round (`inputs.parameters.round` is its number)."""
         started = time.monotonic()
-        scope = self.begin()
-        for task in self.tasks():
-            self.run_task(task, scope)
-            if task["name"] == stop_after:
-                break
-        results = [v for k, v in scope.items() if k.endswith(".outputs.result")]
+        self.globals = self.begin()
+        self.stop_after = stop_after
+        entrypoint = self.workflow["spec"]["entrypoint"]
+        with contextlib.suppress(StopWalk):
+            self.run_template("", entrypoint, {}, self.globals)
+        scope = dict(self.globals)
+        if self.rounds:
+            scope["inputs.parameters.round"] = self.rounds[-1]
         return {
-            "round": results[0] if results else scope["workflow.parameters.round"],
+            "round": self.rounds[0] if self.rounds else scope["workflow.parameters.round"],
+            "rounds": list(self.rounds),
             "run": scope["workflow.parameters.run"],
             "seconds": time.monotonic() - started,
             "workflow": scope["workflow.name"],
@@ -712,15 +747,17 @@ class Twin:
         }
 
     def job_manifest(self, stage: str, scope: Mapping[str, str]) -> dict[str, Any]:
-        """The Job that a stage's `<stage>-start` step applies, expressions substituted."""
+        """The Job that a stage's `<stage>-start` step applies in the round
+        `inputs.parameters.round` of `scope`, expressions substituted."""
         template = self.templates[f"{stage}-start"]
-        round_value = next(v for k, v in scope.items() if k.endswith(".outputs.result"))
-        local = {**scope, "inputs.parameters.round": round_value}
-        return yaml.safe_load(containers.substitute(template["resource"]["manifest"], local))
+        return yaml.safe_load(containers.substitute(template["resource"]["manifest"], scope))
 
     def run_template(
         self, step: str, name: str, arguments: Mapping[str, str], scope: Mapping[str, str]
     ) -> str | None:
+        """Run template `name` as step `step` with its input `arguments`; `scope` holds the
+        workflow's variables (a template sees those and its own inputs, not its caller's).
+        Returns its result (a container's stdout) or None."""
         template = self.templates.get(name)
         if template is None:
             raise TwinError(f"step {step}: template {name!r} is not in the WorkflowTemplate")
@@ -728,27 +765,48 @@ class Twin:
         missing = [p for p in declared if p not in arguments]
         if missing:
             raise TwinError(f"step {step}: template {name} needs input parameters {missing}")
-        local = {**scope, **{f"inputs.parameters.{k}": v for k, v in arguments.items()}}
+        globals_ = {k: v for k, v in scope.items() if k.startswith("workflow.")}
+        local = {**globals_, **{f"inputs.parameters.{k}": v for k, v in arguments.items()}}
         if api_script(template):
             self.run_api_step(step, template, local)
             return None
         if "container" in template:
             return self.run_container_template(step, template, local)
+        if "dag" in template:
+            for task in dag_order(template["dag"]):
+                self.run_item(step, task, local, "tasks")
+            return None
         if "steps" in template:
             for group in template["steps"]:
                 for item in group:
-                    if item.get("when"):
-                        raise TwinError(f"step {item['name']}: `when` is not modelled")
-                    args = {
-                        p["name"]: containers.substitute(str(p.get("value", "")), local)
-                        for p in (item.get("arguments") or {}).get("parameters") or []
-                    }
-                    self.run_template(f"{step}.{item['name']}", item["template"], args, local)
+                    self.run_item(step, item, local, "steps")
             return None
         if "resource" in template:
             self.run_resource(step, template, local)
             return None
         raise TwinError(f"step {step}: template {name} is of a kind the twin does not model")
+
+    def run_item(self, parent: str, item: dict[str, Any], local: dict[str, str], kind: str) -> None:
+        """One DAG task or step: its `when`, its arguments, its template; its result goes into
+        `local` as `<kind>.<name>.outputs.result` for the items after it."""
+        path = step_path(parent, item["name"])
+        if item.get("when"):
+            condition = containers.substitute(item["when"], local)
+            if not when_holds(condition):
+                log(f"step {path}: skipped (when: {condition})")
+                return
+        arguments = {
+            p["name"]: containers.substitute(str(p.get("value", "")), local)
+            for p in (item.get("arguments") or {}).get("parameters") or []
+        }
+        started = time.monotonic()
+        result = self.run_template(path, item["template"], arguments, local)
+        if kind == "tasks":
+            self.timings.append((path, time.monotonic() - started))
+        if result is not None:
+            local[f"{kind}.{item['name']}.outputs.result"] = result
+        if item["name"] == self.stop_after:
+            raise StopWalk(path)
 
     def helper_pod(self, template: dict[str, Any], scope: Mapping[str, str]) -> dict[str, Any]:
         spec = self.workflow["spec"]
@@ -845,6 +903,7 @@ class Twin:
                 raise TwinError(f"step {step}: Job {name} exists already (create)")
             if name not in self.jobs:
                 self.job_metadata[name] = manifest["metadata"]
+                self.note_round(manifest)
                 self.jobs[name] = self.run_job(name, manifest)
         elif action != "get":
             raise TwinError(f"step {step}: resource action {action!r} is not modelled")
@@ -867,6 +926,12 @@ class Twin:
                 f"step {step}: Job {name} finished but the step would wait forever "
                 f"(successCondition {resource.get('successCondition')!r} on {job.status})"
             )
+
+    def note_round(self, manifest: dict[str, Any]) -> None:
+        """Remember the round of a Job the workflow creates (its codeq.io/round label)."""
+        number = str((manifest["metadata"].get("labels") or {}).get("codeq.io/round", ""))
+        if number and number not in self.rounds:
+            self.rounds.append(number)
 
     # ------------------------------------------------------------------------- Jobs
 
@@ -984,16 +1049,15 @@ class Twin:
     def preflight(self, scope: Mapping[str, str]) -> None:
         """Every pod of the round turned into `docker run` arguments before anything runs, so a
         spec that cannot run fails at once, naming its Job."""
-        sample = {**scope, "inputs.parameters.round": "0"}
-        sample |= {
-            f"tasks.{t}.outputs.result": "0"
-            for t in [
-                x["name"]
-                for x in self.templates[self.workflow["spec"]["entrypoint"]]
-                .get("dag", {})
-                .get("tasks", [])
-            ]
-        }
+        sample = dict(scope)
+        for template in self.templates.values():
+            for parameter in (template.get("inputs") or {}).get("parameters") or []:
+                sample[f"inputs.parameters.{parameter['name']}"] = "0"
+            for kind, items in (
+                ("tasks", (template.get("dag") or {}).get("tasks") or []),
+                ("steps", [item for group in template.get("steps") or [] for item in group]),
+            ):
+                sample |= {f"{kind}.{item['name']}.outputs.result": "0" for item in items}
         for name, template in self.templates.items():
             if "resource" in template and template["resource"]["action"] in ("apply", "create"):
                 manifest = yaml.safe_load(
@@ -1072,10 +1136,11 @@ def running_twin(
     values: Mapping[str, Any] | None = None,
     work: Path | None = None,
     objects: list[dict[str, Any]] | None = None,
+    parameters: Mapping[str, str] | None = None,
 ) -> Iterator[Twin]:
     work = work or containers.CACHE / "twin" / time.strftime("%Y%m%d-%H%M%S")
     rendered = objects if objects is not None else render(values or twin_values())
-    with Twin(work, rendered) as twin:
+    with Twin(work, rendered, parameters) as twin:
         yield twin
 
 
@@ -1091,6 +1156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "-f", "--values", type=Path, action="append", default=[], help="more values files"
     )
+    parser.add_argument(
+        "--rounds", help="the workflow's `rounds` parameter: rounds in one submission (default 1)"
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     values = twin_values()
@@ -1103,17 +1171,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_build:
             log("building the images (cached layers are reused)")
             containers.build_images("cpu")
-        with running_twin(values, args.work) as twin:
+        parameters = {"rounds": args.rounds} if args.rounds else None
+        with running_twin(values, args.work, parameters=parameters) as twin:
             outcome = twin.run_round()
-            uri, local = twin.report(outcome["run"], outcome["round"], twin.work / "report")
             for step, seconds in twin.timings:
-                log(f"  {step:<14} {seconds:6.0f} s")
+                log(f"  {step:<24} {seconds:6.0f} s")
             log(
-                f"round {outcome['round']} of run {outcome['run']!r} finished in "
+                f"round(s) {', '.join(outcome['rounds'])} of run {outcome['run']!r} finished in "
                 f"{outcome['seconds']:.0f} s ({time.monotonic() - started:.0f} s in all)"
             )
-            print(f"report: {uri} (S3 endpoint {twin.endpoint})")
-            print(f"report copy: {local}")
+            for number in outcome["rounds"]:
+                folder = twin.work / f"report-{number}"
+                uri, local = twin.report(outcome["run"], number, folder)
+                print(f"report of round {number}: {uri} (S3 endpoint {twin.endpoint})")
+                print(f"report copy: {local}")
     except TwinError as error:
         print(f"error: {error}", file=sys.stderr)
         print(

@@ -11,9 +11,13 @@ from typing import Any
 from codeq.config import CodeQConfig, dump_config
 from codeq.config_layers import PRESETS_DIR
 from codeq.logs import log
-from codeq.pipeline.round_state import finished_rounds, next_round, require_previous_finished
+from codeq.pipeline.round_state import (
+    next_round,
+    require_previous_finished,
+    rounds_without_promotion,
+)
 from codeq.pipeline.stages import STAGE_FUNCTIONS, STAGES, StageContext, round_stages
-from codeq.store import RoundLayout, join_key, open_store
+from codeq.store import join_key, open_store
 
 LOCAL_ROUND_PRESET = PRESETS_DIR / "laptop.yaml"
 # The effective settings of a finished local round, in its store folder: stage commands given
@@ -139,7 +143,7 @@ def run_rounds(
     patience = config.promotion.patience
     stopped = False
     while (number := next_round(store, run)) < rounds:
-        streak = _rounds_without_promotion(store, run)
+        streak = rounds_without_promotion(store, run)
         if streak >= patience:
             log(
                 f"run {run}: the last {streak} round(s) in a row promoted nothing "
@@ -156,7 +160,7 @@ def run_rounds(
     return RoundsOutcome(
         summaries=summaries,
         finished=next_round(store, run),
-        without_promotion=_rounds_without_promotion(store, run),
+        without_promotion=rounds_without_promotion(store, run),
         patience=patience,
         stopped_by_patience=stopped,
     )
@@ -169,16 +173,6 @@ def settings_file(config: CodeQConfig) -> str:
         "(written by `codeq round`). A stage command\n# given a path inside this round uses "
         "them unless --preset or -c says otherwise.\n" + dump_config(config)
     )
-
-
-def _rounds_without_promotion(store: Any, run: str) -> int:
-    """How many of the run's latest finished rounds in a row promoted nothing."""
-    streak = 0
-    for number in reversed(finished_rounds(store, run)):
-        if store.marker(RoundLayout(run, number).stage("promote")).get("promote"):
-            break
-        streak += 1
-    return streak
 
 
 def _local_path(store: Any, key: str) -> Path | None:

@@ -47,9 +47,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
-{{/* Image of a stage: train uses the train image, every other stage (and the helpers) the infer image. */}}
+{{/* Which image a stage runs in: the train image for the stages that train a LoRA (train, and
+the learned verifier), the infer image (which holds runsc) for every other stage and the helpers. */}}
+{{- define "codeq.imageKind" -}}{{ ternary "train" "infer" (has . (list "train" "verifier")) }}{{- end -}}
+
+{{/* Image of a stage (codeq.imageKind). Arguments: dict "root" $ "stage" NAME. */}}
 {{- define "codeq.image" -}}
-{{- $image := ternary .root.Values.images.train .root.Values.images.infer (eq .stage "train") -}}
+{{- $image := index .root.Values.images (include "codeq.imageKind" .stage) -}}
 {{- if $image.digest -}}
 {{- printf "%s@%s" $image.repository $image.digest -}}
 {{- else -}}
@@ -380,9 +384,10 @@ Arguments: dict "root" $ "stage" NAME; prints {"volumes": [...], "mounts": [...]
 {{- toJson (dict "volumes" $volumes "mounts" $mounts) -}}
 {{- end -}}
 
-{{/* The name of a stage's Job: deterministic, so a retried Argo step adopts it. */}}
+{{/* The name of a stage's Job in a round (the template's `round` input): deterministic, so a
+retried Argo step adopts it, and one per round of a multi-round workflow. */}}
 {{- define "codeq.jobName" -}}
-{{`{{workflow.name}}`}}-{{ . }}
+{{`{{workflow.name}}-r{{inputs.parameters.round}}`}}-{{ . }}
 {{- end -}}
 
 
@@ -397,7 +402,7 @@ Arguments: dict "root" $ "stage" NAME.
 {{- $s := index $root.Values.stages $stage -}}
 {{- /* Indexed: collect always; evaluate above one shard (one shard stays the plain Job it was). */ -}}
 {{- $indexed := or (eq $stage "collect") (and (eq $stage "evaluate") (gt (int $s.shards) 1)) -}}
-{{- $image := ternary $root.Values.images.train $root.Values.images.infer (eq $stage "train") -}}
+{{- $imageKind := include "codeq.imageKind" $stage -}}
 {{- $round := `{{inputs.parameters.round}}` -}}
 {{- $tracking := and (eq $stage "train") (ne $root.Values.tracking.reportTo "none") $root.Values.tracking.existingSecret -}}
 {{- $extra := include "codeq.extraVolumes" (dict "root" $root "stage" $stage) | fromJson -}}
@@ -421,7 +426,7 @@ metadata:
     {{- end }}
   annotations:
     codeq.io/run: {{`"{{workflow.parameters.run}}"`}}
-    {{- include "codeq.checkovSkips" (dict "root" $root "image" (ternary "train" "infer" (eq $stage "train")) "sandbox" $s.sandbox "tracking" $tracking) | trim | nindent 4 }}
+    {{- include "codeq.checkovSkips" (dict "root" $root "image" $imageKind "sandbox" $s.sandbox "tracking" $tracking) | trim | nindent 4 }}
 spec:
   {{- if $indexed }}
   completionMode: Indexed
@@ -606,24 +611,38 @@ checkov.io/skip7: "CKV_K8S_38=This step reads, stops or labels the run's Jobs (a
 {{- end -}}
 
 {{/*
-The round's deadline (the workflow's activeDeadlineSeconds): what its stages may take, each its
-Job's activeDeadlineSeconds (counted from the Job's start) plus workflow.startTimeout (how long
-it may wait to start), plus an hour for the workflow's own steps (pod starts, image pulls, the
-round number, the fence). workflow.activeDeadlineSeconds replaces it, but never with less.
+A round's deadline: what its stages may take, each its Job's activeDeadlineSeconds (counted from
+the Job's start) plus workflow.startTimeout (how long it may wait to start), plus an hour for the
+workflow's own steps (pod starts, image pulls, the round number, the fence, `continue`).
 */}}
-{{- define "codeq.stageNames" -}}prepare collect pairs train evaluate promote report{{- end -}}
-{{- define "codeq.workflowDeadline" -}}
+{{- define "codeq.stageNames" -}}
+prepare collect {{ if include "codeq.verifierEnabled" . }}verifier {{ end }}pairs train evaluate promote report
+{{- end -}}
+{{- define "codeq.roundDeadline" -}}
 {{- $stages := splitList " " (include "codeq.stageNames" .) -}}
 {{- $start := include "codeq.durationSeconds" .Values.workflow.startTimeout | int -}}
 {{- $needed := 3600 -}}
 {{- range $stages -}}
 {{- $needed = add $needed (index $.Values.stages .).activeDeadlineSeconds $start -}}
 {{- end -}}
+{{- $needed -}}
+{{- end -}}
+
+{{/*
+The workflow's activeDeadlineSeconds: workflow.maxRounds rounds, each its round deadline (a
+submission asks for its `rounds` only when Argo runs it, too late to compute anything here;
+resolve-round refuses more than workflow.maxRounds). workflow.activeDeadlineSeconds replaces
+it, but never with less.
+*/}}
+{{- define "codeq.workflowDeadline" -}}
+{{- $round := include "codeq.roundDeadline" . | int -}}
+{{- $rounds := int .Values.workflow.maxRounds -}}
+{{- $needed := mul $round $rounds -}}
 {{- $set := .Values.workflow.activeDeadlineSeconds -}}
 {{- if kindIs "invalid" $set -}}
 {{- $needed -}}
 {{- else if lt (int $set) (int $needed) -}}
-{{- fail (printf "workflow.activeDeadlineSeconds=%d is shorter than a round may take (%d s: the stages' activeDeadlineSeconds, %d s of workflow.startTimeout per stage and 3600 s for the workflow's own steps); leave it null to derive it, or lower the stages' deadlines" (int $set) (int $needed) $start) -}}
+{{- fail (printf "workflow.activeDeadlineSeconds=%d is shorter than workflow.maxRounds=%d round(s) may take (%d s: %d s a round, the stages' activeDeadlineSeconds, workflow.startTimeout per stage and 3600 s for the workflow's own steps); leave it null to derive it, or lower workflow.maxRounds or the stages' deadlines" (int $set) $rounds (int $needed) $round) -}}
 {{- else -}}
 {{- int $set -}}
 {{- end -}}
@@ -652,6 +671,50 @@ pod. The jobs reach the store with boto3 (S3 API) only.
 {{- end -}}
 {{- if and $gcs (ne .Values.store.checksums "when_required") -}}
 {{- fail (printf "store.checksums=%s: GCS's S3 interface (store.endpointUrl=%s) refuses the checksums boto3 sends by default; set store.checksums=when_required" .Values.store.checksums $endpoint) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The learned verifier (codeq/pipeline/verifier.py): with config.verifier.enabled every round runs
+the `verifier` stage between collect and pairs, as its own Job in the train image on
+stages.verifier's pool. Prints "true" when it does, nothing otherwise.
+*/}}
+{{- define "codeq.verifierEnabled" -}}
+{{- if dig "verifier" "enabled" false (.Values.config | default dict) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Verifier settings that cannot work fail `helm install` with one line naming the value, not a
+stage hours into a round: a stage that asks for a verifier no stage trains, a verifier without
+the GPU its config trains on, a pairs stage that would load it on a GPU it does not have, and a
+verifier that would have to run programs in a sandbox its image does not hold.
+*/}}
+{{- define "codeq.validateVerifier" -}}
+{{- $config := .Values.config | default dict -}}
+{{- $enabled := include "codeq.verifierEnabled" . -}}
+{{- $device := dig "policy" "device" "auto" $config -}}
+{{- $fallback := dig "verifier" "fallback" "error" $config -}}
+{{- range .Values.jobs.extraEnv -}}
+{{- if eq .name "CODEQ_VERIFIER__ENABLED" -}}
+{{- fail "jobs.extraEnv sets CODEQ_VERIFIER__ENABLED: the chart decides from config.verifier.enabled whether rounds run the verifier stage; set it there" -}}
+{{- end -}}
+{{- end -}}
+{{- range $key := list "pairs.q_ai" "evaluate.tie_break" -}}
+{{- $asked := dig (splitList "." $key | first) (splitList "." $key | last) "critique" $config -}}
+{{- if and (eq $asked "verifier") (not $enabled) (ne $fallback "critique") -}}
+{{- fail (printf "config.%s=verifier asks for the round's learned verifier, but config.verifier.enabled is not true, so no verifier stage trains one and that stage would stop (config.verifier.fallback=%s); set config.verifier.enabled=true, or config.verifier.fallback=critique" $key $fallback) -}}
+{{- end -}}
+{{- end -}}
+{{- if $enabled -}}
+{{- if and (eq $device "cuda") (eq (int .Values.stages.verifier.gpus) 0) -}}
+{{- fail "stages.verifier.gpus=0 but config.policy.device=cuda: the verifier stage trains its LoRA on the policy's device; give it stages.verifier.gpus=1, or run on CPU (config.policy.device=cpu)" -}}
+{{- end -}}
+{{- if and (eq (dig "search" "reward_tests" "all" $config) "visible") (ne (dig "sandbox" "backend" "auto" $config) "subprocess") -}}
+{{- fail "config.search.reward_tests=visible with config.verifier.enabled: the verifier stage would label collect's programs by running them on all tests in the sandbox, but it runs in the train image, which has no runsc; collect with config.search.reward_tests=all, which labels every program" -}}
+{{- end -}}
+{{- if and (eq (dig "pairs" "q_ai" "critique" $config) "verifier") (eq $device "cuda") (eq (int .Values.stages.pairs.gpus) 0) -}}
+{{- fail "stages.pairs.gpus=0 but config.pairs.q_ai=verifier: pairs then scores every rewrite with the verifier on config.policy.device=cuda; give pairs a GPU (stages.pairs.pool=infer, gpus=1) and /scratch for the base model (docs/cluster.md, ci/verifier-values.yaml)" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
