@@ -14,7 +14,6 @@ import functools
 import importlib
 import inspect
 import logging
-import os
 import shlex
 import signal
 import sys
@@ -34,7 +33,7 @@ try:  # typer >= 0.20 vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 from codeq.errors import EXIT_BAD_INPUT, CodeQError
-from codeq.logs import print_error, report_error, setup_logging
+from codeq.logs import exit_at_once, print_error, report_error, setup_logging
 
 # name -> (module, one-line help); the order is the data flow of a round.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -277,8 +276,5 @@ def main() -> None:
         # An interrupt that lands while a library runs Python code through the C API (heavy
         # imports do) can leave the interpreter set to kill itself with SIGINT at exit, whatever
         # the exit code; the clean-up has run, so leave now with the code that says what happened.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_at_once(code)
     sys.exit(code)

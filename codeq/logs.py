@@ -7,6 +7,7 @@ that log through the standard library (boto3, transformers, TRL) reach the same 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TextIO
 
@@ -80,3 +81,13 @@ def print_error(message: str, hint: str | None = None) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
     if hint:
         print(f"hint: {hint}", file=sys.stderr, flush=True)
+
+
+def exit_at_once(code: int) -> None:
+    """Flush the logs and standard streams, then leave with `code` without the interpreter's
+    finalization: for a process whose work and clean-up are done but whose teardown a native
+    library can still turn into another exit (a pending SIGINT, a C++ thread's abort)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -259,16 +259,10 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def exit_now(code: int) -> None:
-    """Leave without the interpreter's finalization. Gloo's C++ worker threads can outlive the
-    process group and abort a finished rank while Python tears down ("terminate called without
-    an active exception", exit -6 after a complete run: CI saw it once). Everything a rank
-    writes is written and closed by now, so there is nothing left to finalize."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    from codeq.logs import exit_at_once
+
+    # Gloo's C++ worker threads can outlive the process group and abort a finished rank while
+    # Python tears down ("terminate called without an active exception", exit -6 after a
+    # complete run: CI saw it once); everything a rank writes is written and closed by now.
+    exit_at_once(main())

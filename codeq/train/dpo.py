@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codeq.config import CodeQConfig, TrainConfig
+from codeq.config import CodeQConfig, TrainConfig, VerifierConfig
 from codeq.errors import BadInputError, ConfigError, TrainingDivergedError
 from codeq.policy.source import resolve_model_source
 from codeq.progress import progress_bar
@@ -199,7 +199,8 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
     )
 
 
-def lora_config(config: TrainConfig) -> Any:
+def lora_config(config: TrainConfig | VerifierConfig, task_type: str = "CAUSAL_LM") -> Any:
+    """The LoRA of a trained adapter: the policy's (causal LM) or the verifier's (SEQ_CLS)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -208,7 +209,7 @@ def lora_config(config: TrainConfig) -> Any:
         lora_dropout=config.lora_dropout,
         target_modules=list(config.target_modules),
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
 
 

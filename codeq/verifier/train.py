@@ -30,16 +30,9 @@ LENGTH_COLUMN = "length"
 
 
 def lora_config(config: VerifierConfig) -> Any:
-    from peft import LoraConfig
+    from codeq.train.dpo import lora_config as adapter_lora_config
 
-    return LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=list(config.target_modules),
-        bias="none",
-        task_type="SEQ_CLS",
-    )
+    return adapter_lora_config(config, task_type="SEQ_CLS")
 
 
 def training_arguments(config: VerifierConfig, out_dir: Path, device: str, bf16: bool) -> Any:
