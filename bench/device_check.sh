@@ -15,12 +15,18 @@
 #   here (network), once:   bench/device_check.sh prepare
 #       downloads the Python 3.12 wheels the device image lacks or has too old (transformers
 #       5.23, trl, peft, bitsandbytes, datasets and its dill, multiprocess and fsspec,
-#       huggingface-hub, pydantic and pydantic-settings, at constraints.txt's versions;
-#       63 MB; with the 3.4 MB tree just under the 64 MiB a run carries) into .device-wheels/,
-#       which it makes git-ignored in .git/info/exclude; `prepare --no-nf4` leaves bitsandbytes
-#       (43 MB) out, and the NF4 parts with it, if the tree has grown past that
+#       pydantic and pydantic-settings, at constraints.txt's versions; 62 MB) into
+#       .device-wheels/, which it makes git-ignored in .git/info/exclude; `prepare --no-nf4`
+#       leaves bitsandbytes (43 MB) out, and the NF4 parts with it. huggingface-hub stays the
+#       image's (1.33, enough for transformers 5.23): our 2.4 imports httpx2, which the image
+#       lacks. A run carries the tracked tree too, and the committed curve rounds
+#       (docs/results/*/rounds, 36 MB a round) put it far past the 64 MiB a run carries:
+#   here, before the run:   bench/device_check.sh travel-light
+#       untracks those rounds in the index only (git rm --cached) and ignores them in
+#       .git/info/exclude, so the tree that travels is the 4 MB of code and docs
 #   on the device:          run(command="bench/device_check.sh", carry=[".device-wheels"],
 #                               timeout_s=600)
+#   here, after the run:    bench/device_check.sh travel-restore   (the index as it was)
 # The device image has no vLLM and cannot get one (no network; vLLM 0.30's wheel alone is 300 MB,
 # with torch 2.13's CUDA wheels over a gigabyte), so there the vllm arms are reported missing;
 # they run where `pip install 'codeq[vllm]'` was possible (the CUDA infer image).
@@ -30,7 +36,7 @@ wheels=.device-wheels
 python=${PYTHON:-python3}
 
 if [[ ${1:-} == prepare ]]; then
-  pins=(transformers trl peft datasets dill multiprocess fsspec huggingface-hub pydantic
+  pins=(transformers trl peft datasets dill multiprocess fsspec pydantic
         pydantic-core pydantic-settings annotated-types typing-inspection python-dotenv)
   [[ ${2:-} == --no-nf4 ]] || pins+=(bitsandbytes)
   wanted=()
@@ -49,12 +55,34 @@ if [[ ${1:-} == prepare ]]; then
   exit 0
 fi
 
+heavy=docs/results/*/rounds
+if [[ ${1:-} == travel-light ]]; then
+  for folder in $heavy; do
+    git rm -r -q --cached "$folder"
+    grep -qx "/$folder/" .git/info/exclude || echo "/$folder/" >>.git/info/exclude
+  done
+  echo "untracked in the index: $(echo $heavy); run bench/device_check.sh travel-restore after"
+  exit 0
+fi
+if [[ ${1:-} == travel-restore ]]; then
+  for folder in $heavy; do
+    git reset -q -- "$folder"
+    grep -vx "/$folder/" .git/info/exclude >.git/info/exclude.new || true
+    mv .git/info/exclude.new .git/info/exclude
+  done
+  git status --short -- $heavy
+  exit 0
+fi
+
 out=${OUT:-/tmp/device-check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD
-if compgen -G "$wheels/*.whl" >/dev/null; then
+python_tag=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+if compgen -G "$wheels/*.whl" >/dev/null && [[ $python_tag != 3.12 ]]; then
+  echo "note: $wheels holds wheels for the device's Python 3.12; this is $python_tag: not installed"
+elif compgen -G "$wheels/*.whl" >/dev/null; then
   site=/tmp/device-site
-  "$python" -m pip install -q --no-deps --no-index --target "$site" "$wheels"/*.whl
+  "$python" -m pip install -q --no-deps --no-index --no-compile --target "$site" "$wheels"/*.whl
   export PYTHONPATH=$site:$PWD
 fi
 {
@@ -65,7 +93,7 @@ fi
 nf4=()
 "$python" -c 'import bitsandbytes' 2>/dev/null || nf4=(--no-nf4)
 status=0
-timeout 540 "$python" bench/gpu.py --new-tokens 128 --budget-s 420 \
+timeout 540 "$python" bench/gpu.py --new-tokens 64 --repeats 2 --budget-s 420 \
   --json "$out/gpu.json" --markdown "$out/gpu.md" "${nf4[@]}" >"$out/gpu.log" 2>&1 || status=$?
 tail -n 60 "$out/gpu.log"
 echo "bench/gpu.py exit status $status (124: stopped at 540 s; $out/gpu.md holds the parts done)"

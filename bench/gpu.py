@@ -705,6 +705,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-nf4", action="store_true", help="skip the NF4 parts (no bitsandbytes installed)"
     )
+    parser.add_argument(
+        "--weights",
+        nargs="+",
+        choices=["bf16", "fp8", "nf4"],
+        default=["bf16", "fp8", "nf4"],
+        help="the weight formats of part (a), in the order they run (default: bf16 fp8 nf4; "
+        "a reversed order shows whether running first costs an arm)",
+    )
     parser.add_argument("--json", help="also write every number here")
     parser.add_argument("--markdown", help="also write the table here")
     parser.add_argument(
@@ -741,13 +749,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         parts: list[tuple[str, Any]] = []  # the longest (the fp32 step) last
         nf4 = not nf4_reason
-        if args.only != "train":
-            parts += [("(a) bf16", lambda: generation_rows(run, folder, "none"))]
+        generation = {
+            "bf16": ("(a) bf16", lambda: generation_rows(run, folder, "none")),
+            "fp8": ("(a) FP8", lambda: generation_rows(run, folder, "fp8")),
+            "nf4": ("(a) NF4", lambda: generation_rows(run, folder, "nf4")),
+        }
+        weights = [w for w in args.weights if nf4 or w == "bf16"] if args.only != "train" else []
+        if weights[:1] == ["bf16"]:
+            parts += [generation["bf16"]]
+            weights = weights[1:]
         if args.only != "generate":
             parts += [("(b) LoRA bf16", lambda: [one_dpo_step(run, folder, "bf16", "none")])]
-        if args.only != "train" and nf4:
-            parts += [("(a) FP8", lambda: generation_rows(run, folder, "fp8"))]
-            parts += [("(a) NF4", lambda: generation_rows(run, folder, "nf4"))]
+        parts += [generation[w] for w in weights]
         if args.only != "generate" and nf4:
             parts += [("(b) QLoRA NF4", lambda: [one_dpo_step(run, folder, "bf16", "nf4")])]
         if args.only != "generate":

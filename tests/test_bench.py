@@ -300,7 +300,7 @@ def test_the_device_script_runs_gpu_bench_with_arguments_it_accepts(tmp_path):
     arguments = call.group(1).replace('"$out/', str(tmp_path) + "/").replace('"', "").split()
     arguments = [a for a in arguments if not a.startswith("${")]
     args = gpu.parse_args(arguments)
-    assert (args.new_tokens, args.budget_s, args.tiny) == (128, 420, False)
+    assert (args.new_tokens, args.repeats, args.budget_s, args.tiny) == (64, 2, 420, False)
     environment = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", str(BENCH / "device_check.sh")], capture_output=True, text=True, env=environment
