@@ -129,6 +129,77 @@ def load_curve(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+DEFAULTS_CURVE = "learning-curve-defaults"
+DEFAULTS_TITLE = "Third curve: today's defaults, rounds in git (test: the spent first 60)"
+
+
+def round_eval(folder: Path, number: int, role: str, split: str) -> EvalResults:
+    """A committed round's evaluation (rounds/round-N/store/, as its evaluate stage wrote it)."""
+    (path,) = (folder / "rounds" / f"round-{number}" / "store" / "runs").glob(
+        f"*/round-{number}/eval/{role}/{split}/results.json"
+    )
+    return EvalResults.load(path)
+
+
+def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
+    """The third curve in load_curve's rows, from the rounds it committed to git: each round's
+    evaluate stage scored its candidate and its incumbent (the policy promoted so far) on the
+    validation split and on the first 60 test tasks, full_rewrite only."""
+    rounds = round_files(folder)
+    base = round_eval(folder, rounds[0]["round"], "incumbent", "test") if rounds else None
+    loaded: dict[str, EvalResults] = {} if base is None else {"base": base}
+    rows: list[dict[str, Any]] = []
+    for entry in rounds:
+        number = entry["round"]
+        validation = {
+            role: round_eval(folder, number, role, "validation")
+            for role in ("candidate", "incumbent")
+        }
+        mode = entry["validation"][0]["mode"]
+        paired = compare_modes(
+            mode, validation["candidate"].modes[mode], validation["incumbent"].modes[mode]
+        )
+        if not rows:
+            rows.append(
+                {
+                    "name": "base",
+                    "label": "base model",
+                    "round": None,
+                    "promoted": None,
+                    "incumbent": None,
+                    "validation": rate(paired.incumbent_solved, paired.tasks),
+                    "validation_vs": None,
+                    "validation_source": None,
+                    "results": base,
+                    "test_vs": {},
+                }
+            )
+        test = round_eval(folder, number, "candidate", "test")
+        wanted = Lineage.model_validate(entry["incumbent"]).id
+        incumbent = next(key for key, value in loaded.items() if value.policy.id == wanted)
+        name = f"round-{number}"
+        loaded[name] = test
+        rows.append(
+            {
+                "name": name,
+                "label": f"round {number}",
+                "round": number,
+                "promoted": bool(entry["promoted"]),
+                "incumbent": incumbent,
+                "validation": rate(paired.candidate_solved, paired.tasks),
+                "validation_vs": paired,
+                "validation_source": "rounds/round-N/store/**/eval/*/validation/results.json",
+                "results": test,
+                "test_vs": {
+                    m: compare_modes(m, test.modes[m], loaded[incumbent].modes[m])
+                    for m in TEST_MODES
+                    if m in test.modes
+                },
+            }
+        )
+    return rows
+
+
 def curve_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows as codeq.report.plots.draw_learning_curve takes them."""
     points = []
@@ -199,9 +270,11 @@ def curve_table(rows: list[dict[str, Any]]) -> str:
             else rate_text(row["validation"]) + paired_text(row["validation_vs"], against)
         ]
         for mode in TEST_MODES:
-            result = row["results"].modes[mode]
+            result = row["results"].modes.get(mode)
             cells.append(
-                rate_text(mode_rate(result)) + paired_text(row["test_vs"].get(mode), against)
+                "–"
+                if result is None
+                else rate_text(mode_rate(result)) + paired_text(row["test_vs"].get(mode), against)
             )
         lines.append(f"| {row['label']}{decision} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -294,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
         sources = sorted({row["validation_source"] for row in rows if row["validation_source"]})
         print(f"## {title} (docs/results/{name}/)\n\n{curve_table(rows)}\n")
         print(f"Validation read from: {', '.join(sources)}.\n")
+    rows = load_defaults_curve(args.results / DEFAULTS_CURVE)
+    panels.append((DEFAULTS_TITLE, curve_points(rows)))
+    print(f"## {DEFAULTS_TITLE} (docs/results/{DEFAULTS_CURVE}/)\n\n{curve_table(rows)}\n")
     print("## MCTS against best-of-N at equal programs (test, 60 tasks)\n")
     print(search_table(search_rows(args.results)) + "\n")
     print("## The first curve's single pass on the other 137 test tasks\n")

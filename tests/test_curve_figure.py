@@ -62,6 +62,28 @@ def test_the_first_curve_table_and_the_other_tables() -> None:
     assert "22 / 137 (16%, 11%–23%); +9 / -1 vs base, p = 0.011" in replication
 
 
+def test_the_third_curve_comes_from_the_rounds_it_committed_to_git() -> None:
+    """Read off rounds/round-N/store/ (each round's own evaluate output), not a summary."""
+    rows = curve_figure.load_defaults_curve(RESULTS / "learning-curve-defaults")
+    assert rows[0]["label"] == "base model" and rows[0]["results"].modes["full_rewrite"].n == 60
+    by_round = {row["round"]: row for row in rows[1:]}
+    assert [by_round[n]["promoted"] for n in range(4)] == [False, False, False, True]
+    round_3 = by_round[3]
+    validation = round_3["validation_vs"]
+    assert (validation.candidate_solved, validation.incumbent_solved, validation.tasks) == (
+        38,
+        27,
+        143,
+    )
+    assert (len(validation.gained), len(validation.lost)) == (16, 5)
+    assert round_3["incumbent"] == "base"
+    test = round_3["test_vs"]["full_rewrite"]
+    assert (test.candidate_solved, len(test.gained), len(test.lost)) == (16, 8, 1)
+    if 4 in by_round:  # the round after the promotion is paired against round 3's policy
+        assert by_round[4]["incumbent"] == "round-3"
+    assert "zero_shot" not in round_3["test_vs"]  # the curve's evaluate scores full_rewrite only
+
+
 def test_points_mark_promotions_for_the_figure() -> None:
     points = curve_figure.curve_points(curve_figure.load_curve(RESULTS / "learning-curve"))
     assert [point["promoted"] for point in points] == [None, True, False, False]
