@@ -192,7 +192,12 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "samples": 0,
             "guard_modes": [],
         },
-        "store": {"uri": f"file://{args.out.resolve() / 'store'}", "run": "curve"},
+        # one process, one cache: no copy of each merged policy in the local store
+        "store": {
+            "uri": f"file://{args.out.resolve() / 'store'}",
+            "run": "curve",
+            "keep_merged": False,
+        },
     }
     if args.search_settings == "first-curves":
         # The first curves began before 'plain' became the default first turn, before

@@ -539,6 +539,16 @@ class StoreConfig(Section):
     connect_timeout_s: float = Field(10.0, gt=0, description="S3 connect timeout.")
     read_timeout_s: float = Field(60.0, gt=0, description="S3 read timeout.")
     multipart_threshold_mb: int = Field(64, ge=5, description="Multipart upload above this size.")
+    keep_merged: bool = Field(
+        True,
+        description=(
+            "Keep each merged policy (the base with the promoted adapters merged in) in the "
+            "store under runs/<run>/merged/, uploaded by the first stage that merges it (the "
+            "evaluate stage that first loads a candidate), so later stages and collect shards "
+            "download it instead of merging again; false merges in every pod (the laptop "
+            "preset: one process, one cache)."
+        ),
+    )
     checksums: Literal["when_supported", "when_required"] = Field(
         "when_supported",
         description=(

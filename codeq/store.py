@@ -89,6 +89,10 @@ class RoundLayout:
     def current(self) -> str:
         return f"{self.run_prefix}/current"
 
+    def merged(self, name: str) -> str:
+        """A merged policy of the run, shared by its rounds, stages and shards."""
+        return f"{self.run_prefix}/merged/{name}"
+
     def of_round(self, round_number: int) -> RoundLayout:
         return RoundLayout(self.run, round_number)
 

@@ -8,11 +8,12 @@ downloading its adapters (checked against their manifests and sha256) and mergin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import ConfigError, CorruptInputError
+from codeq.errors import BadInputError, ConfigError, CorruptInputError
 from codeq.logs import log
 from codeq.pipeline.context import StageContext
 from codeq.policy.source import is_adapter_dir
@@ -117,10 +118,83 @@ def policy_config(ctx: StageContext, policy: Lineage) -> CodeQConfig:
 
     if policy.adapters:
         log(f"policy: {policy.describe()}")
-    model = materialize(policy, fetch_adapters(ctx, policy), ctx.config.policy)
+    if policy.adapters and ctx.config.store.keep_merged:
+        model = shared_merge(ctx, policy)
+    else:
+        model = materialize(policy, fetch_adapters(ctx, policy), ctx.config.policy)
     return ctx.config.model_copy(
         update={"policy": ctx.config.policy.model_copy(update={"model": model, "adapter": None})}
     )
+
+
+MERGE_CLAIM = "_CLAIM.json"
+STALE_CLAIM_S = 6 * 3600  # a claimant silent this long was preempted mid-upload
+
+
+def shared_merge(ctx: StageContext, policy: Lineage) -> str:
+    """A folder that loads as `policy`, merged once per run: (1) one this pod made already,
+    (2) else the run's copy in the store (runs/<run>/merged/<name>, complete and checked),
+    (3) else merged here and uploaded for every later stage and shard, by the first pod that
+    claims the upload; the others keep their own merge."""
+    from codeq.train.lineage import holds_merge, materialize, merged_target
+
+    target = merged_target(policy, ctx.config.policy)
+    prefix = ctx.layout.merged(target.name)
+    # 1. merged in this pod (or on this node's cache) before
+    if holds_merge(target, policy):
+        return str(target)
+    # 2. merged by an earlier stage or shard
+    if ctx.store.is_complete(prefix):
+        _download_merge(ctx, prefix, target)
+        if holds_merge(target, policy):
+            log(f"policy: the merged {policy.id} from {ctx.store.describe(prefix)}")
+            return str(target)
+        raise CorruptInputError(
+            f"{ctx.store.describe(prefix)} does not hold the merge of {policy.id}",
+            hint=f"delete {ctx.store.describe(prefix)}; the next stage merges it again",
+        )
+    # 3. merged here, then kept in the store
+    model = materialize(policy, fetch_adapters(ctx, policy), ctx.config.policy)
+    if _claim_upload(ctx, prefix):
+        log(f"policy: keeping the merged {policy.id} in {ctx.store.describe(prefix)}")
+        manifest = ctx.store.put_dir(prefix, Path(model))
+        size = sum(entry["bytes"] for entry in manifest["files"].values())
+        ctx.store.mark_complete(prefix, {"lineage": policy.id, "bytes": size})
+    return model
+
+
+def _download_merge(ctx: StageContext, prefix: str, target: Path) -> None:
+    """Into a sibling folder first, renamed when every file checked: a download cut off
+    midway never looks like a finished merge."""
+    import shutil
+
+    partial = target.with_name(f"{target.name}.download")
+    shutil.rmtree(partial, ignore_errors=True)
+    ctx.store.get_dir(prefix, partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def _claim_upload(ctx: StageContext, prefix: str) -> bool:
+    """Whether this pod uploads the merge: the first to write the claim does; a claim older
+    than STALE_CLAIM_S (its pod gone before the marker) is taken over."""
+    import socket
+    import time
+
+    key = join_key(prefix, MERGE_CLAIM)
+    claim = {"claimed_at": time.time(), "host": socket.gethostname(), "round": ctx.layout.round}
+    body = json.dumps(claim).encode()
+    if ctx.store.create_only(key, body):
+        return True
+    try:
+        claimed_at = float(ctx.store.get_json(key).get("claimed_at", 0))
+    except (BadInputError, OSError, AttributeError, TypeError, ValueError):
+        claimed_at = 0.0  # unreadable or gone: as stale
+    if time.time() - claimed_at < STALE_CLAIM_S:
+        log(f"policy: another stage keeps this merge in {ctx.store.describe(prefix)}")
+        return False
+    ctx.store.delete(key)
+    return ctx.store.create_only(key, body)
 
 
 def load_policy(ctx: StageContext, policy: Lineage) -> Any:

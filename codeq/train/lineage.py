@@ -131,10 +131,9 @@ def materialize(lineage: Lineage, adapter_dirs: Sequence[Path], policy: PolicyCo
     from codeq.policy.engine import resolve_device, resolve_dtype
 
     save_dtype = resolve_dtype(policy, resolve_device(policy))
-    dtype_name = str(save_dtype).removeprefix("torch.")
-    merged = Path(policy.cache_dir).expanduser() / MERGED_DIR
-    target = merged / f"{merged_key(lineage)}-{dtype_name}"
-    if _holds(target, lineage):
+    target = merged_target(lineage, policy)
+    merged = target.parent
+    if holds_merge(target, lineage):
         log.info("merged policy %s: reusing %s (%s)", lineage.id, target, _size(target))
         return str(target)
     for link, folder in zip(lineage.adapters, adapter_dirs, strict=True):
@@ -156,7 +155,16 @@ def materialize(lineage: Lineage, adapter_dirs: Sequence[Path], policy: PolicyCo
     return str(target)
 
 
-def _holds(folder: Path, lineage: Lineage) -> bool:
+def merged_target(lineage: Lineage, policy: PolicyConfig) -> Path:
+    """Where `materialize` keeps the merge of `lineage`: `cache_dir/merged/<key>-<dtype>`. The
+    folder's name is also its name in the store (`runs/<run>/merged/<name>`)."""
+    from codeq.policy.engine import resolve_device, resolve_dtype
+
+    dtype_name = str(resolve_dtype(policy, resolve_device(policy))).removeprefix("torch.")
+    return Path(policy.cache_dir).expanduser() / MERGED_DIR / f"{merged_key(lineage)}-{dtype_name}"
+
+
+def holds_merge(folder: Path, lineage: Lineage) -> bool:
     """Whether `folder` is a finished merge of `lineage`'s weights (its LINEAGE.json, written
     last, names the lineage that built it)."""
     try:
