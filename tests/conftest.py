@@ -57,3 +57,16 @@ def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     return target
+
+
+@pytest.fixture
+def tiny_adapter_dir(tiny_model_dir, tmp_path) -> Path:
+    """A LoRA (r 2 on q_proj, initialised non-zero so that merging it changes the weights) of
+    the tiny model, saved as train saves an adapter."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lora = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    return tmp_path / "adapter"

@@ -5,8 +5,6 @@ removed by `codeq cache --clear`."""
 
 from __future__ import annotations
 
-import pytest
-
 from codeq.cli import run
 from codeq.config import PolicyConfig
 from codeq.pipeline import stages
@@ -34,26 +32,15 @@ def test_each_run_of_an_out_folder_has_its_own_scratch_folder(tmp_path, monkeypa
     assert [p.name for p in (out / "work" / "second").rglob("*.json")] == ["second.json"]
 
 
-@pytest.fixture
-def adapter_dir(tiny_model_dir, tmp_path):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    lora = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
-    lora.save_pretrained(tmp_path / "adapter")
-    return tmp_path / "adapter"
-
-
 def test_a_merged_policy_is_built_once_for_every_run_with_the_same_weights(
-    tiny_model_dir, adapter_dir, tmp_path, monkeypatch, capsys
+    tiny_model_dir, tiny_adapter_dir, tmp_path, monkeypatch, capsys
 ):
     """The same adapter promoted in two runs (the same seeded round under a new --run) is one
     merged folder, not one per run; `codeq cache` lists it with its size, --clear removes it."""
     cache = tmp_path / "cache"
     policy = PolicyConfig(model=str(tiny_model_dir), dtype="float32", cache_dir=str(cache))
     base = lineage_module.base_lineage(policy)
-    sha = lineage_module.adapter_sha256(adapter_dir)
+    sha = lineage_module.adapter_sha256(tiny_adapter_dir)
     merges = []
     real_merge = lineage_module.merge_adapters
 
@@ -66,7 +53,7 @@ def test_a_merged_policy_is_built_once_for_every_run_with_the_same_weights(
     for run_name in ("first", "second"):
         link = AdapterLink(round=0, sha256=sha, source=f"runs/{run_name}/round-0/adapter")
         policy_lineage = base.extended(link)
-        folders.add(lineage_module.materialize(policy_lineage, [adapter_dir], policy))
+        folders.add(lineage_module.materialize(policy_lineage, [tiny_adapter_dir], policy))
     assert len(merges) == 1 and len(folders) == 1
     (folder,) = folders
     assert folder.startswith(str(cache / "merged"))

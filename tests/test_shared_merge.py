@@ -21,17 +21,6 @@ from codeq.train import lineage as lineage_module
 
 
 @pytest.fixture
-def adapter_dir(tiny_model_dir, tmp_path):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    lora = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
-    lora.save_pretrained(tmp_path / "adapter")
-    return tmp_path / "adapter"
-
-
-@pytest.fixture
 def merges(monkeypatch):
     """Every merge_adapters call, counted (and still carried out)."""
     calls: list[tuple] = []
@@ -64,13 +53,15 @@ def pod(tmp_path: Path, name: str, tiny_model_dir: Path, keep_merged: bool = Tru
     return StageContext(config, open_store(config.store), tmp_path / name / "scratch")
 
 
-def promoted(ctx: StageContext, adapter_dir: Path):
+def promoted(ctx: StageContext, tiny_adapter_dir: Path):
     """The lineage base + round 0's adapter, whose adapter lies in the store as train left it."""
     source = ctx.layout.of_round(0).stage("adapter")
     if not ctx.store.is_complete(source):
-        ctx.store.put_dir(source, adapter_dir)
+        ctx.store.put_dir(source, tiny_adapter_dir)
         ctx.store.mark_complete(source)
-    link = AdapterLink(round=0, sha256=lineage_module.adapter_sha256(adapter_dir), source=source)
+    link = AdapterLink(
+        round=0, sha256=lineage_module.adapter_sha256(tiny_adapter_dir), source=source
+    )
     return policies.base_policy(ctx).extended(link)
 
 
@@ -79,10 +70,10 @@ def weights_of(folder: Path) -> dict[str, bytes]:
 
 
 def test_the_first_pod_merges_and_keeps_it_and_the_next_downloads_it(
-    tmp_path, tiny_model_dir, adapter_dir, merges
+    tmp_path, tiny_model_dir, tiny_adapter_dir, merges
 ):
     first = pod(tmp_path, "first", tiny_model_dir)
-    lineage = promoted(first, adapter_dir)
+    lineage = promoted(first, tiny_adapter_dir)
     made = Path(policies.policy_config(first, lineage).policy.model)
     assert len(merges) == 1
     prefix = first.layout.merged(made.name)
@@ -90,7 +81,7 @@ def test_the_first_pod_merges_and_keeps_it_and_the_next_downloads_it(
     assert first.store.marker(prefix)["lineage"] == lineage.id
 
     second = pod(tmp_path, "second", tiny_model_dir)
-    got = Path(policies.policy_config(second, promoted(second, adapter_dir)).policy.model)
+    got = Path(policies.policy_config(second, promoted(second, tiny_adapter_dir)).policy.model)
     assert len(merges) == 1, "the second pod merged again instead of downloading"
     assert got != made and got.is_relative_to(tmp_path / "second" / "cache")
     assert weights_of(got) == weights_of(made) and weights_of(got)
@@ -99,22 +90,22 @@ def test_the_first_pod_merges_and_keeps_it_and_the_next_downloads_it(
 
 
 def test_without_keep_merged_every_pod_merges_and_the_store_holds_none(
-    tmp_path, tiny_model_dir, adapter_dir, merges
+    tmp_path, tiny_model_dir, tiny_adapter_dir, merges
 ):
     for name in ("first", "second"):
         ctx = pod(tmp_path, name, tiny_model_dir, keep_merged=False)
-        policies.policy_config(ctx, promoted(ctx, adapter_dir))
+        policies.policy_config(ctx, promoted(ctx, tiny_adapter_dir))
     assert len(merges) == 2
     assert not ctx.store.list(f"{ctx.layout.run_prefix}/merged")
 
 
 def test_a_pod_merging_beside_a_fresh_claim_leaves_the_upload_to_its_claimant(
-    tmp_path, tiny_model_dir, adapter_dir, merges
+    tmp_path, tiny_model_dir, tiny_adapter_dir, merges
 ):
     """Two shards that start together both merge; only the claimant uploads. A claim older
     than STALE_CLAIM_S (its pod preempted before the marker) is taken over."""
     ctx = pod(tmp_path, "shard-1", tiny_model_dir)
-    lineage = promoted(ctx, adapter_dir)
+    lineage = promoted(ctx, tiny_adapter_dir)
     name = lineage_module.merged_target(lineage, ctx.config.policy).name
     claim = join_key(ctx.layout.merged(name), policies.MERGE_CLAIM)
     ctx.store.put_json(claim, {"claimed_at": time.time(), "host": "shard-0"})
@@ -129,10 +120,10 @@ def test_a_pod_merging_beside_a_fresh_claim_leaves_the_upload_to_its_claimant(
 
 
 def test_a_changed_copy_in_the_store_is_refused_and_leaves_no_folder_that_looks_merged(
-    tmp_path, tiny_model_dir, adapter_dir, merges
+    tmp_path, tiny_model_dir, tiny_adapter_dir, merges
 ):
     first = pod(tmp_path, "first", tiny_model_dir)
-    lineage = promoted(first, adapter_dir)
+    lineage = promoted(first, tiny_adapter_dir)
     made = Path(policies.policy_config(first, lineage).policy.model)
     prefix = first.layout.merged(made.name)
     (weights,) = [k for k in first.store.list(prefix) if k.endswith(".safetensors")]
@@ -140,6 +131,6 @@ def test_a_changed_copy_in_the_store_is_refused_and_leaves_no_folder_that_looks_
 
     second = pod(tmp_path, "second", tiny_model_dir)
     with pytest.raises(CorruptInputError, match="checksum"):
-        policies.policy_config(second, promoted(second, adapter_dir))
+        policies.policy_config(second, promoted(second, tiny_adapter_dir))
     target = lineage_module.merged_target(lineage, second.config.policy)
     assert not lineage_module.holds_merge(target, lineage)
