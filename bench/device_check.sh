@@ -58,6 +58,7 @@ fi
 heavy=docs/results/*/rounds
 if [[ ${1:-} == travel-light ]]; then
   for folder in $heavy; do
+    [[ -d $folder ]] || continue
     git rm -r -q --cached "$folder"
     grep -qx "/$folder/" .git/info/exclude || echo "/$folder/" >>.git/info/exclude
   done
@@ -66,6 +67,7 @@ if [[ ${1:-} == travel-light ]]; then
 fi
 if [[ ${1:-} == travel-restore ]]; then
   for folder in $heavy; do
+    [[ -d $folder ]] || continue
     git reset -q -- "$folder"
     grep -vx "/$folder/" .git/info/exclude >.git/info/exclude.new || true
     mv .git/info/exclude.new .git/info/exclude
