@@ -80,6 +80,22 @@ def validation_of(folder: Path, entry: dict[str, Any]) -> tuple[ModeComparison, 
     return ModeComparison.model_validate(entry["validation"][0]), f"round-{entry['round']}.json"
 
 
+def base_row(results: EvalResults | None, validation: dict[str, Any] | None) -> dict[str, Any]:
+    """A curve's first row: the policy it started from, paired against nothing."""
+    return {
+        "name": "base",
+        "label": "base model",
+        "round": None,
+        "promoted": None,
+        "incumbent": None,
+        "validation": validation,
+        "validation_vs": None,
+        "validation_source": None,
+        "results": results,
+        "test_vs": {},
+    }
+
+
 def load_curve(folder: Path) -> list[dict[str, Any]]:
     """One row per policy, in round order: the base model, then each round's candidate (the
     policy a round promoted, or the candidate validation kept out), with its validation
@@ -88,20 +104,7 @@ def load_curve(folder: Path) -> list[dict[str, Any]]:
     loaded = {"base": base}
     rounds = round_files(folder)
     first = validation_of(folder, rounds[0])[0] if rounds else None
-    rows: list[dict[str, Any]] = [
-        {
-            "name": "base",
-            "label": "base model",
-            "round": None,
-            "promoted": None,
-            "incumbent": None,
-            "validation": None if first is None else rate(first.incumbent_solved, first.tasks),
-            "validation_vs": None,
-            "validation_source": None,
-            "results": base,
-            "test_vs": {},
-        }
-    ]
+    rows = [base_row(base, None if first is None else rate(first.incumbent_solved, first.tasks))]
     for entry in rounds:
         name = entry["test_policy"] or entry["test_candidate"]
         results = EvalResults.load(folder / f"{name}-test.json")
@@ -160,20 +163,7 @@ def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
             mode, validation["candidate"].modes[mode], validation["incumbent"].modes[mode]
         )
         if not rows:
-            rows.append(
-                {
-                    "name": "base",
-                    "label": "base model",
-                    "round": None,
-                    "promoted": None,
-                    "incumbent": None,
-                    "validation": rate(paired.incumbent_solved, paired.tasks),
-                    "validation_vs": None,
-                    "validation_source": None,
-                    "results": base,
-                    "test_vs": {},
-                }
-            )
+            rows.append(base_row(base, rate(paired.incumbent_solved, paired.tasks)))
         test = round_eval(folder, number, "candidate", "test")
         wanted = Lineage.model_validate(entry["incumbent"]).id
         incumbent = next(key for key, value in loaded.items() if value.policy.id == wanted)
