@@ -151,11 +151,18 @@ def test_seeded_samples_repeat_whatever_shares_the_batch_and_draw_as_the_engine(
 
 
 def test_greedy_and_sampled_requests_share_one_batch(both):
+    """Two copies of a seeded request give the same samples. 32 tokens, not the default 768:
+    a random model's next-token distribution is nearly flat over 49k tokens, so over hundreds
+    of tokens the copies drift apart on float rounding alone (a row's matmul depends on the
+    batch's shape on CPUs with AVX-512 kernels: first seen at token 227-483); a wrong uniform
+    or row would show within a few tokens."""
     engine, policy = both
     greedy = GenerationRequest(
         messages(PROMPTS[2]), temperature=0.0, max_new_tokens=20, stop="none"
     )
-    sampled = GenerationRequest(messages(PROMPTS[0]), n=4, temperature=0.5, seed=5, stop="none")
+    sampled = GenerationRequest(
+        messages(PROMPTS[0]), n=4, temperature=0.5, max_new_tokens=32, seed=5, stop="none"
+    )
     result = policy.generate([sampled, greedy, sampled])
     assert result[1].token_ids == [generate_greedy(engine, PROMPTS[2], 20)]
     assert result[0].token_ids == result[2].token_ids
