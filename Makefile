@@ -11,7 +11,9 @@ PIP := $(VENV_PYTHON) -m pip
 IN_VENV := PATH="$(abspath $(BIN)):$$PATH"
 TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
-PYTEST_ARGS ?=
+# The slowest tests are listed after every run: CI must stay under 30 minutes, and a test that
+# grew shows there first.
+PYTEST_ARGS ?= --durations=25 --durations-min=10
 
 .PHONY: setup setup-python setup-dev setup-sandbox setup-tools demo test test-fast lint format \
 	bench clean images images-base twin
