@@ -174,6 +174,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "search.refine": "multi_turn",
     "promotion.samples": 0,
     "promotion.guard_modes": [],
+    "promotion.force_rounds": [],
     "policy.backend": "engine",
     "search.mt_bon_samples": 8,
     "search.mt_bon_turns": 3,
@@ -467,6 +468,15 @@ class PromotionConfig(Section):
         "promotion.level): a loss in a mode not trained on blocks promotion. Recommended: "
         "[zero_shot] (on the test split it fell from 9 to 6 of 60 tasks twice, "
         "unchecked); [] checks promotion.modes only, the rule before this key.",
+    )
+
+    force_rounds: list[int] = Field(
+        default_factory=list,
+        description="Rounds whose candidate is promoted whatever validation says: an "
+        "operator's override after reading the round's report (rerun its promote stage with "
+        "this key set), or a test that needs the next round to sample from a trained policy. "
+        "The paired tests are still run and written; decision.json says `forced` and its reason "
+        "names this key. A round that trained no candidate promotes nothing.",
     )
 
     @model_validator(mode="after")

@@ -101,6 +101,9 @@ class PromotionDecision(BaseModel):
         default_factory=list, description="Modes checked only for no significant regression."
     )
     samples: int = Field(0, description="Sampled answers per task in the gate mode.")
+    forced: bool = Field(
+        False, description="Promoted by promotion.force_rounds, not by the paired tests."
+    )
     comparisons: list[ModeComparison] = Field(default_factory=list)
     candidate: Lineage | None = None
     incumbent: Lineage | None = None
@@ -189,7 +192,28 @@ def decide(
     incumbent: EvalResults | None,
     config: PromotionConfig,
 ) -> PromotionDecision:
-    """The promotion decision from validation results only (ValueError for any other split)."""
+    """The promotion decision from validation results only (ValueError for any other split);
+    a round in `config.force_rounds` promotes its candidate whatever the tests say."""
+    decision = _decide_by_tests(round_number, candidate, incumbent, config)
+    if round_number not in config.force_rounds or decision.promote or candidate is None:
+        return decision
+    return decision.model_copy(
+        update={
+            "promote": True,
+            "forced": True,
+            "candidate": candidate.policy,
+            "reason": f"PROMOTED by promotion.force_rounds (round {round_number}), whatever "
+            f"the tests say; the tests alone: {decision.reason}",
+        }
+    )
+
+
+def _decide_by_tests(
+    round_number: int,
+    candidate: EvalResults | None,
+    incumbent: EvalResults | None,
+    config: PromotionConfig,
+) -> PromotionDecision:
     base = {"round": round_number, "level": config.level}
     if candidate is None:
         return PromotionDecision(

@@ -512,3 +512,20 @@ def test_the_power_simulation_runs_and_its_p_values_are_the_exact_ones(tmp_path)
     assert diffuse["+5 points"]["k=8"] > diffuse["+5 points"]["today"] + 0.15
     for column in ("exchangeable", "mean-zero churn"):
         assert all(rate < 0.07 for rate in diffuse[column].values())
+
+
+def test_a_forced_round_promotes_a_candidate_the_tests_keep_out() -> None:
+    """promotion.force_rounds: the operator's override. The tests still run and are written;
+    other rounds are decided by the tests; a round with no candidate promotes nothing."""
+    candidate = results("validation", CANDIDATE, full_rewrite=set(TASKS[:2]))
+    incumbent = results("validation", BASE, full_rewrite=set(TASKS[:3]))
+    config = PromotionConfig(modes=["full_rewrite"], guard_modes=[], force_rounds=[1])
+    forced = decide(1, candidate, incumbent, config)
+    assert forced.promote and forced.forced and forced.candidate == CANDIDATE
+    assert forced.reason.startswith("PROMOTED by promotion.force_rounds (round 1)")
+    assert "the tests alone: kept the incumbent" in forced.reason
+    assert forced.comparisons[0].lost == [TASKS[2]]
+    unforced = decide(2, candidate, incumbent, config)
+    assert not unforced.promote and not unforced.forced
+    nothing = decide(1, None, None, config)
+    assert not nothing.promote and not nothing.forced

@@ -346,6 +346,15 @@ def test_a_promotion_says_the_next_round_samples_from_it(tmp_path) -> None:
     assert "it solves 2 of 3 in full_rewrite against the incumbent's 1 (+1 / -0)" in text
 
 
+def test_a_forced_promotion_says_so_in_the_heading_and_the_advice(tmp_path) -> None:
+    made = decision({f"v{i}": (False, False) for i in range(4)})
+    made = made.model_copy(update={"promote": True, "forced": True})
+    render_report(tmp_path / "r", decision=made, pair_stats=PAIR_STATS)
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "## Promotion: promoted by promotion.force_rounds" in markdown
+    assert "forced (promotion.force_rounds), not earned on validation" in markdown
+
+
 def test_no_adapter_trained_says_there_was_nothing_to_promote(tmp_path) -> None:
     from codeq.config import PromotionConfig
     from codeq.promotion import decide

@@ -127,7 +127,13 @@ STAGE_KEYS: dict[str, list[str]] = {
         "verifier.enabled",  # the verifier's AUC on the validation rewrites
         "verifier.fallback",
     ],
-    "promote": ["promotion.modes", "promotion.level", "promotion.samples", "promotion.guard_modes"],
+    "promote": [
+        "promotion.modes",
+        "promotion.level",
+        "promotion.samples",
+        "promotion.guard_modes",
+        "promotion.force_rounds",
+    ],
     "report": [],
 }
 

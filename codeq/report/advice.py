@@ -70,6 +70,11 @@ def _after_promotion(summary: dict[str, Any], promotion: dict[str, Any]) -> str:
         f"Promoted: round {promotion['round']}'s candidate is now the run's policy, so the next "
         "round samples its trajectories from it and trains on top of it."
     )
+    if promotion.get("forced"):
+        text += (
+            " The promotion was forced (promotion.force_rounds), not earned on validation: "
+            "remove the round from that key before the next round unless that was the intent."
+        )
     gate = promotion.get("gate_mode")
     test = (summary.get("comparison") or {}).get("modes", {}).get(gate)
     if test:
