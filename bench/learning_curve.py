@@ -64,6 +64,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=str(QWEN_GGUF))
     parser.add_argument("--source", default=str(DEBUGBENCH))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--stop-after-promotions",
+        type=int,
+        default=0,
+        metavar="K",
+        help="end the chain of rounds early once K rounds in a row have been promoted (the "
+        "claim the curve tests: round N+1, sampled from round N's promoted policy, is better "
+        "again); then the after-chain test runs. 0: run all --rounds",
+    )
     parser.add_argument("--test-tasks", type=int, default=60)
     parser.add_argument(
         "--validation-tasks",
@@ -577,6 +586,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     evaluated: dict[str, Any] = {}  # lineage id -> (name, policy), in the order promoted
     kept_out: dict[int, Any] = {}  # round -> (name, candidate) validation did not promote
+    promotions_in_a_row = 0
     for number in range(args.rounds):
         if number == 0:  # 1. the base model's tasks, test modes, trajectories and pairs
             for stage in ("prepare", "collect", "pairs"):
@@ -622,12 +632,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "validation kept out in this curve",
                 hint=f"name rounds whose round-N.json says promoted: false (of 0-{args.rounds - 1})",
             )
-    if args.test_after_chain:  # 7. the candidates validation kept out, single pass, once
+        promotions_in_a_row = promotions_in_a_row + 1 if tested is not None else 0
+        if args.stop_after_promotions and promotions_in_a_row >= args.stop_after_promotions:
+            print(
+                f"[curve] rounds {number - promotions_in_a_row + 1}-{number} promoted in a row: "
+                "the chain ends here (--stop-after-promotions)",
+                flush=True,
+            )
+            break
+    if args.test_after_chain:  # 7. once: every promoted policy single pass (the claim) first,
+        for name, policy in evaluated.values():  # then search modes, then the kept-out ones
+            curve.test_modes(name, policy, SINGLE_PASS_MODES)
+    for name, policy in evaluated.values():  # 7. every mode, search included
+        curve.test_modes(name, policy, TEST_MODES)
+    if args.test_after_chain:
         for name, candidate in kept_out.values():
             curve.test_modes(name, candidate, SINGLE_PASS_MODES)
-    for name, policy in evaluated.values():  # 7. then every mode, search included
-        curve.test_modes(name, policy, TEST_MODES)
     for number in args.search_candidates:  # 8. and of the kept-out candidates asked for
+        if number not in kept_out:  # the chain ended before that round
+            print(f"[curve] --search-candidates {number}: the chain ended before it", flush=True)
+            continue
         curve.test_modes(*kept_out[number], TEST_MODES)
     summary = write_summary(args)
     print(table(summary))
