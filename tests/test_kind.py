@@ -48,9 +48,8 @@ def kubectl_json(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.fixture(scope="module")
-def finished_round() -> dict:
-    _require_cluster()
+def submit_and_wait(round_parameter: str) -> dict:
+    """`argo submit argo/round.yaml -p round=<round_parameter>`, waited for; the Workflow."""
     submitted = subprocess.run(
         [
             "argo",
@@ -59,7 +58,7 @@ def finished_round() -> dict:
             NAMESPACE,
             str(REPO / "argo" / "round.yaml"),
             "-p",
-            "round=0",
+            f"round={round_parameter}",
             "-o",
             "name",
         ],
@@ -74,6 +73,19 @@ def finished_round() -> dict:
     )
     assert waited.returncode == 0, waited.stderr[-3000:]
     return kubectl_json("get", "workflow", name)
+
+
+@pytest.fixture(scope="module")
+def finished_round() -> dict:
+    _require_cluster()
+    return submit_and_wait("0")
+
+
+@pytest.fixture(scope="module")
+def next_round(finished_round) -> dict:
+    """A second submission with the default round=next: round 1, after round 0 promoted
+    (kind-values.yaml forces it: promotion.force_rounds [0])."""
+    return submit_and_wait("next")
 
 
 def test_round_succeeds(finished_round):
@@ -105,3 +117,23 @@ def test_argo_logs_finds_the_stage_pods(finished_round):
         "get", "pods", "-l", f"workflows.argoproj.io/workflow={name},codeq.io/job=true"
     )["items"]
     assert {p["metadata"]["labels"]["codeq.io/stage"] for p in pods} == set(STAGES)
+
+
+def test_round_next_runs_round_1_from_round_0s_merged_policy(next_round):
+    assert next_round["status"]["phase"] == "Succeeded", next_round["status"].get("message")
+    name = next_round["metadata"]["name"]
+    jobs = kubectl_json("get", "jobs", "-l", f"workflows.argoproj.io/workflow={name}")["items"]
+    assert {job["metadata"]["labels"]["codeq.io/round"] for job in jobs} == {"1"}
+    assert sorted(job["metadata"]["labels"]["codeq.io/stage"] for job in jobs) == sorted(STAGES)
+    pods = kubectl_json(
+        "get", "pods", "-l", f"workflows.argoproj.io/workflow={name},codeq.io/stage=collect"
+    )["items"]
+    assert pods
+    for pod in pods:
+        log = subprocess.run(
+            ["kubectl", "-n", NAMESPACE, "logs", pod["metadata"]["name"], "-c", "main"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert "policy: the merged" in log, log[-2000:]

@@ -23,6 +23,8 @@ STAGE_OUTPUTS = [
     "trajectories/shard-1",
     "pairs",
     "adapter",
+    "eval-shards/shard-0",
+    "eval-shards/shard-1",
     "eval",
     "promote",
     "report",
@@ -43,12 +45,29 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
     images, tmp_path
 ):
     """The multi-round path (argo/rounds.yaml with `rounds`=2; one test, not two, so CI runs
-    the twin's rounds once): after round 0 the `continue` pod reads the store and round 1 runs
-    in the same workflow, with Jobs of its own. With promotion.patience 2, round 1 runs
-    whether round 0 promoted or not."""
+    the twin's rounds once). A first submission fails: its evaluate pods cannot find runsc and
+    exit 3, which is not retried; their logs stay. The resubmission, with the chart mended,
+    resumes round 0 at evaluate (the stages before it skip) and goes on: after round 0 the
+    `continue` pod reads the store and round 1 runs in the same workflow, with Jobs of its own.
+    Round 0 is forced to promote (promotion.force_rounds), so round 1 samples from round 0's
+    policy, merged once and kept in the store. Evaluate runs as 2 shards and train as 2 gloo
+    processes (twin-values.yaml)."""
+    from codeq.schemas import Lineage
+
     started = time.monotonic()
-    values = twin.twin_values({"config": {"promotion": {"patience": 2}}})
-    with twin.running_twin(values, tmp_path / "twin", parameters={"rounds": "2"}) as cluster:
+    values = twin.twin_values({"config": {"promotion": {"force_rounds": [0]}}})
+    good = twin.render(values)
+    broken = twin.with_manifest(
+        good, "evaluate-start", add_env("CODEQ_SANDBOX__RUNSC_PATH", "/no/runsc")
+    )
+    parameters = {"rounds": "2"}
+    with twin.running_twin(
+        objects=broken, work=tmp_path / "twin", parameters=parameters
+    ) as cluster:
+        with pytest.raises(twin.TwinError) as failure:
+            cluster.run_round()
+        failed = {name: job for name, job in cluster.jobs.items()}
+        cluster.install(good)  # helm upgrade with the mended chart, then argo submit again
         outcome = cluster.run_round()
         uri, local = cluster.report(outcome["run"], "0", tmp_path / "report")
         keys = set(cluster.keys("runs/twin/"))
@@ -56,34 +75,81 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
         shard = json.loads(
             cluster.get(f"{prefix}/runs/twin/round-0/trajectories/shard-1/_COMPLETE")
         )
+        decision = json.loads(cluster.get(f"{prefix}/runs/twin/round-0/promote/decision.json"))
+        round_1_shards = [
+            json.loads(
+                cluster.get(f"{prefix}/runs/twin/round-1/trajectories/shard-{index}/_COMPLETE")
+            )
+            for index in (0, 1)
+        ]
+        evaluations = [
+            json.loads(cluster.get(f"{prefix}/runs/twin/round-{number}/eval/_COMPLETE"))
+            for number in (0, 1)
+        ]
+        logs = {
+            name: [pod.log_path.read_text() for pod in job.pods]
+            for name, job in cluster.jobs.items()
+        }
         seccomp = sorted(
             p.relative_to(cluster.seccomp_root) for p in cluster.seccomp_root.rglob("*")
         )
-        collect_logs = [
-            pod.log_path.read_text()
-            for name, job in cluster.jobs.items()
-            if name.endswith("collect")
-            for pod in job.pods
-        ]
         jobs = list(cluster.jobs)
         timings = list(cluster.timings)
     print(f"twin rounds in {time.monotonic() - started:.0f} s: {timings}")
+    # The failed submission: evaluate's shards exited 3 once each (no retry); logs kept.
+    message = str(failure.value)
+    assert message.startswith("Job codeq-round-") and "-r0-evaluate failed" in message, message
+    (evaluate,) = [job for name, job in failed.items() if name.endswith("-r0-evaluate")]
+    assert [pod.exit_code for pod in evaluate.pods] == [3, 3]
+    for pod in evaluate.pods:
+        assert "error: sandbox.backend=gvisor but runsc was not found" in pod.log_path.read_text()
+    assert not any(name.endswith(("-promote", "-report")) for name in failed)
+    # The resubmission resumed round 0: what had finished was skipped, not recomputed.
     assert (outcome["run"], outcome["round"], outcome["rounds"]) == ("twin", "0", ["0", "1"])
     stages = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
     workflow = outcome["workflow"]
-    assert jobs == [f"{workflow}-r{number}-{stage}" for number in (0, 1) for stage in stages]
+    assert jobs == [
+        *failed,
+        *(f"{workflow}-r{number}-{stage}" for number in (0, 1) for stage in stages),
+    ]
+    for stage in ("prepare", "pairs", "train"):
+        (resumed,) = logs[f"{workflow}-r0-{stage}"]
+        assert f"{stage}: already complete at" in resumed, (stage, resumed[-500:])
     for number in (0, 1):
         for output in STAGE_OUTPUTS:
             base = f"{prefix}/runs/twin/round-{number}/{output}"
             assert f"{base}/_COMPLETE" in keys, (number, output)
             assert f"{base}/MANIFEST.json" in keys, (number, output)
     assert shard["shard_count"] == 2
+    # Round 0 was forced to promote; round 1's collect shards searched with its policy, merged
+    # by round 0's evaluate and downloaded from the store, not merged again.
+    assert decision["promote"] and decision["forced"], decision["reason"]
+    promoted = Lineage.model_validate(decision["candidate"])
+    assert [s["policy"] for s in round_1_shards] == [promoted.id, promoted.id]
+    assert any(key.startswith(f"{prefix}/runs/twin/merged/") for key in keys)
+    round_1_collect = logs[f"{workflow}-r1-collect"]
+    assert all(f"policy: the merged {promoted.id} from" in text for text in round_1_collect)
+    # Evaluate ran as a 2-shard Indexed Job in each round; the last shard merged eval/.
+    assert [e["shards"] for e in evaluations] == [2, 2]
+    assert [len(logs[f"{workflow}-r{n}-evaluate"]) for n in (0, 1)] == [2, 2]
+    for n in (0, 1):  # each shard had a validation and a test task
+        assert not any(
+            "groups is this shard's" in text for text in logs[f"{workflow}-r{n}-evaluate"]
+        )
+    # Train ran as two data-parallel processes (round 0's in the first submission).
+    (first_train,) = [job for name, job in failed.items() if name.endswith("-r0-train")]
+    (round_1_train,) = logs[f"{workflow}-r1-train"]
+    for text in (first_train.pods[0].log_path.read_text(), round_1_train):
+        assert "DPO in 2 data-parallel processes" in text
     assert uri == f"s3://codeq-twin/{prefix}/runs/twin/round-0/report/index.html"
     assert "<html" in local.read_text().lower()
     # The sandbox ran nested gVisor under the profile the chart's DaemonSet put on the node.
     assert [str(p) for p in seccomp] == ["codeq", "codeq/codeq", "codeq/codeq/codeq-sandbox.json"]
-    assert len(collect_logs) == 4
-    assert all("gvisor workers" in text for text in collect_logs)
+    (first_collect,) = [job for name, job in failed.items() if name.endswith("-r0-collect")]
+    searched = [pod.log_path.read_text() for pod in first_collect.pods]
+    searched += logs[f"{workflow}-r1-collect"]
+    assert len(searched) == 4
+    assert all("gvisor workers" in text for text in searched)
 
 
 # ------------------------------------------------------------------------- broken on purpose
@@ -94,6 +160,14 @@ def rename_env(old: str, new: str):
         (container,) = job["spec"]["template"]["spec"]["containers"]
         (variable,) = [e for e in container["env"] if e["name"] == old]
         variable["name"] = new
+
+    return edit
+
+
+def add_env(name: str, value: str):
+    def edit(job: dict[str, Any]) -> None:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        container["env"].append({"name": name, "value": value})
 
     return edit
 

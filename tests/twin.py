@@ -356,9 +356,9 @@ class Twin:
         parameters: Mapping[str, str] | None = None,
     ) -> None:
         self.work = work
-        self.objects = objects
         self.parameters = dict(parameters or {})
         self.id = uuid.uuid4().hex[:8]
+        self.submissions = 0  # workflows submitted so far: each gets a name of its own
         self.node = work / "node"
         self.seccomp_root = self.node / KUBELET_SECCOMP
         self.models = containers.CACHE / "twin-models"  # kept: the PV outlives the twin
@@ -371,10 +371,7 @@ class Twin:
         self._moto: subprocess.Popen[bytes] | None = None
         self._lock: Any = None
         self._stack = contextlib.ExitStack()
-        workflow = only(objects, "WorkflowTemplate")
-        self.workflow = workflow
-        self.templates = {t["name"]: t for t in workflow["spec"]["templates"]}
-        self.policies = [o for o in objects if o.get("kind") == "NetworkPolicy"]
+        self.install(objects)
         env = self.stage_env("report")
         self.endpoint = env.get("CODEQ_STORE__ENDPOINT_URL", "")
         parsed = urlparse(self.endpoint)
@@ -384,6 +381,14 @@ class Twin:
         self.store_uri = env["CODEQ_STORE__URI"]
 
     # ---------------------------------------------------------------- setup and teardown
+
+    def install(self, objects: list[dict[str, Any]]) -> None:
+        """The chart's rendered objects (`helm install`, or `helm upgrade` between two
+        submissions: the store, Jobs and their pods' logs stay)."""
+        self.objects = objects
+        self.workflow = only(objects, "WorkflowTemplate")
+        self.templates = {t["name"]: t for t in self.workflow["spec"]["templates"]}
+        self.policies = [o for o in objects if o.get("kind") == "NetworkPolicy"]
 
     def stage_env(self, stage: str) -> dict[str, str]:
         manifest = yaml.safe_load(self.templates[f"{stage}-start"]["resource"]["manifest"])
@@ -707,8 +712,10 @@ class Twin:
         parameters = {
             p["name"]: str(p.get("value", "")) for p in spec["arguments"]["parameters"]
         } | self.parameters
+        self.submissions += 1
+        suffix = "" if self.submissions == 1 else f"-{self.submissions}"
         return {
-            "workflow.name": f"codeq-round-{self.id[:5]}",
+            "workflow.name": f"codeq-round-{self.id[:5]}{suffix}",
             "workflow.namespace": self.workflow["metadata"].get("namespace", "codeq"),
             "workflow.uid": str(uuid.uuid4()),
             "workflow.status": "Running",
@@ -729,6 +736,7 @@ class Twin:
         Returns the first round's number, every round run, the run and workflow, and the
         variables of the last round (`inputs.parameters.round` is its number)."""
         started = time.monotonic()
+        self.rounds = []
         self.globals = self.begin()
         self.stop_after = stop_after
         entrypoint = self.workflow["spec"]["entrypoint"]
