@@ -308,3 +308,18 @@ def test_the_device_script_runs_gpu_bench_with_arguments_it_accepts(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error: no CUDA device" in (tmp_path / "gpu.log").read_text()
     assert "torch" in (tmp_path / "machine.txt").read_text()
+
+
+def test_cpu_dtype_bench_writes_both_arms_and_their_ratio(tmp_path, monkeypatch):
+    bench = load_bench("cpu_dtype")
+    row = bench.measure(8, backward=True, repeats=2)
+    assert row["float32_ms"] > 0 and row["bfloat16_ms"] > 0
+    assert row["float32_over_bfloat16"] == pytest.approx(row["float32_ms"] / row["bfloat16_ms"])
+    out = tmp_path / "dtype.json"
+    monkeypatch.setattr(bench, "ROWS", {"decode, 8 rows": 8})
+    monkeypatch.setattr(
+        sys, "argv", ["cpu_dtype.py", "--threads", "1", "--repeats", "1", "--out", str(out)]
+    )
+    bench.main()
+    (written,) = json.loads(out.read_text())["rows"]
+    assert written["shape"] == "decode, 8 rows" and written["pass"] == "forward"
