@@ -323,3 +323,10 @@ def test_cpu_dtype_bench_writes_both_arms_and_their_ratio(tmp_path, monkeypatch)
     bench.main()
     (written,) = json.loads(out.read_text())["rows"]
     assert written["shape"] == "decode, 8 rows" and written["pass"] == "forward"
+
+
+def test_results_page_replaces_only_the_table_after_its_marker():
+    page = load_bench("results_page")
+    text = "# A\n\n| x |\n|---|\n| 1 |\n\n**Third curve** says:\n\n| y |\n|---|\n| 2 |\n\nafter\n"
+    replaced = page.replace_table_after(text, "**Third curve**", "| y |\n|---|\n| 3 |\n| 4 |\n")
+    assert replaced == text.replace("| 2 |", "| 3 |\n| 4 |")
