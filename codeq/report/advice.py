@@ -73,7 +73,7 @@ def _after_promotion(summary: dict[str, Any], promotion: dict[str, Any]) -> str:
     if promotion.get("forced"):
         text += (
             " The promotion was forced (promotion.force_rounds), not earned on validation: "
-            "remove the round from that key before the next round unless that was the intent."
+            "the next round is measured against a policy the tests did not choose."
         )
     gate = promotion.get("gate_mode")
     test = (summary.get("comparison") or {}).get("modes", {}).get(gate)
