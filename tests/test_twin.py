@@ -66,7 +66,7 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
     ) as cluster:
         with pytest.raises(twin.TwinError) as failure:
             cluster.run_round()
-        failed = {name: job for name, job in cluster.jobs.items()}
+        failed = list(cluster.jobs)  # the first submission's Jobs
         cluster.install(good)  # helm upgrade with the mended chart, then argo submit again
         outcome = cluster.run_round()
         uri, local = cluster.report(outcome["run"], "0", tmp_path / "report")
@@ -90,6 +90,9 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
             name: [pod.log_path.read_text() for pod in job.pods]
             for name, job in cluster.jobs.items()
         }
+        exit_codes = {
+            name: [pod.exit_code for pod in job.pods] for name, job in cluster.jobs.items()
+        }
         seccomp = sorted(
             p.relative_to(cluster.seccomp_root) for p in cluster.seccomp_root.rglob("*")
         )
@@ -99,10 +102,10 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
     # The failed submission: evaluate's shards exited 3 once each (no retry); logs kept.
     message = str(failure.value)
     assert message.startswith("Job codeq-round-") and "-r0-evaluate failed" in message, message
-    (evaluate,) = [job for name, job in failed.items() if name.endswith("-r0-evaluate")]
-    assert [pod.exit_code for pod in evaluate.pods] == [3, 3]
-    for pod in evaluate.pods:
-        assert "error: sandbox.backend=gvisor but runsc was not found" in pod.log_path.read_text()
+    first = failed[0].rsplit("-r0-", 1)[0]  # the first submission's workflow
+    assert exit_codes[f"{first}-r0-evaluate"] == [3, 3]
+    for text in logs[f"{first}-r0-evaluate"]:
+        assert "error: sandbox.backend=gvisor but runsc was not found" in text
     assert not any(name.endswith(("-promote", "-report")) for name in failed)
     # The resubmission resumed round 0: what had finished was skipped, not recomputed.
     assert (outcome["run"], outcome["round"], outcome["rounds"]) == ("twin", "0", ["0", "1"])
@@ -137,17 +140,13 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
             "groups is this shard's" in text for text in logs[f"{workflow}-r{n}-evaluate"]
         )
     # Train ran as two data-parallel processes (round 0's in the first submission).
-    (first_train,) = [job for name, job in failed.items() if name.endswith("-r0-train")]
-    (round_1_train,) = logs[f"{workflow}-r1-train"]
-    for text in (first_train.pods[0].log_path.read_text(), round_1_train):
+    for text in logs[f"{first}-r0-train"] + logs[f"{workflow}-r1-train"]:
         assert "DPO in 2 data-parallel processes" in text
     assert uri == f"s3://codeq-twin/{prefix}/runs/twin/round-0/report/index.html"
     assert "<html" in local.read_text().lower()
     # The sandbox ran nested gVisor under the profile the chart's DaemonSet put on the node.
     assert [str(p) for p in seccomp] == ["codeq", "codeq/codeq", "codeq/codeq/codeq-sandbox.json"]
-    (first_collect,) = [job for name, job in failed.items() if name.endswith("-r0-collect")]
-    searched = [pod.log_path.read_text() for pod in first_collect.pods]
-    searched += logs[f"{workflow}-r1-collect"]
+    searched = logs[f"{first}-r0-collect"] + logs[f"{workflow}-r1-collect"]
     assert len(searched) == 4
     assert all("gvisor workers" in text for text in searched)
 
