@@ -89,10 +89,7 @@ def bench_config(precision: str, bucketing: bool, steps: int) -> Any:
 
 def padding_ratio(pairs: list[Pair], bucketing: bool, work: Path) -> dict[str, Any]:
     prepared = build_trainer(pairs, work, bench_config("bf16", bucketing, 1))
-    loader = prepared.trainer.get_train_dataloader()
-    for _ in loader:
-        pass
-    meter: PaddingMeter = prepared.trainer.train_meter
+    meter = PaddingMeter.of(prepared.trainer.get_train_dataloader())
     return {"real": meter.real_tokens, "padded": meter.padded_tokens, "ratio": meter.ratio}
 
 

@@ -374,6 +374,13 @@ class TrainConfig(Section):
         10, ge=1, description="Evaluate held-out reward accuracy every N steps."
     )
     seed: int = Field(42, description="Training seed.")
+    checkpoint_every_s: float = Field(
+        600.0,
+        ge=0.0,
+        description="Seconds of training between resumable checkpoints (adapter, optimizer, "
+        "data position, best adapter so far) kept in the store: a stopped train stage resumes "
+        "from the last one instead of step 0. 0: no checkpoints.",
+    )
     report_to: Literal["none", "wandb", "mlflow"] = Field(
         "none",
         description="Experiment tracking through TRL's report_to (the client must be installed).",

@@ -197,3 +197,35 @@ def test_a_job_refuses_a_stale_output_in_one_line_and_codeq_force_replaces_it(tm
     )
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert json.loads(store.get_bytes(join_key(LAYOUT.stage("pairs"), MARKER_NAME)))["pairs"] == 1
+
+
+def test_a_train_checkpoint_is_resumed_only_under_the_fingerprint_it_was_made_under(tmp_path):
+    """A stopped train stage left a checkpoint in the store: the rerun resumes from it under
+    the same config, refuses it under another (naming the key), and forced, discards it."""
+    from codeq.pipeline.context import begin
+    from codeq.pipeline.stages import TRAIN_PROGRESS, restore_train_checkpoint
+    from codeq.train.checkpoints import CheckpointTarget, upload_checkpoint
+
+    store = store_with_a_shard(tmp_path)
+    pairs_stage(context(store, tmp_path, **gap(0.1)))
+    prefix = LAYOUT.stage(TRAIN_PROGRESS)
+
+    def train_run(ctx):
+        return begin(ctx, LAYOUT.stage("adapter"), "train", inputs={"pairs": LAYOUT.stage("pairs")})
+
+    made = context(store, tmp_path, train={"learning_rate": 5e-6})
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text('{"global_step": 7}')
+    target = CheckpointTarget(made.config.store, prefix, train_run(made).fingerprint.to_json())
+    upload_checkpoint(target, folder, 7)
+
+    resumed = restore_train_checkpoint(made, train_run(made), prefix)
+    assert resumed is not None and resumed.name == "checkpoint-7"
+    assert (resumed / "trainer_state.json").read_text() == '{"global_step": 7}'
+    other = context(store, tmp_path, train={"learning_rate": 1e-4})
+    with pytest.raises(StaleOutputError, match=r"train.learning_rate 5e-06 -> 0.0001"):
+        restore_train_checkpoint(other, train_run(other), prefix)
+    forced = context(store, tmp_path, force=True, train={"learning_rate": 1e-4})
+    assert restore_train_checkpoint(forced, train_run(forced), prefix) is None
+    assert store.list(prefix) == []

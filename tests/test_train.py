@@ -161,7 +161,7 @@ def test_length_bucketing_batches_pairs_of_similar_length(tmp_path, tiny_model_d
     group_by_length over the pairs' token counts) batches hold pairs of one kind, so they carry
     little padding; without it, random batches mix both kinds. Counted over a whole epoch of
     real train batches (the trainer's own sampler and collator; no training step needed)."""
-    from codeq.train.dpo import build_trainer
+    from codeq.train.dpo import PaddingMeter, build_trainer
 
     pairs = [  # both sides of a long pair are long: padding comes only from mixing pairs
         pair.model_copy(update={"rejected": pair.chosen.replace("+", "-")})
@@ -177,8 +177,7 @@ def test_length_bucketing_batches_pairs_of_similar_length(tmp_path, tiny_model_d
             gradient_accumulation_steps=1,
         )
         prepared = build_trainer(pairs, tmp_path / str(bucketing), config)
-        for _ in prepared.trainer.get_train_dataloader():
-            pass
-        ratios[bucketing] = prepared.trainer.train_meter.ratio
+        batches = prepared.trainer.get_train_dataloader()
+        ratios[bucketing] = PaddingMeter.of(batches).ratio
     assert ratios[True] > 0.85
     assert ratios[False] < 0.75

@@ -271,11 +271,21 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         ctx.store.put_dir(prefix, empty)
         return _finish(ctx, run, {"trained": False, "reason": "no preference pairs"})
     from codeq.train import train_dpo
+    from codeq.train.checkpoints import CheckpointTarget
 
     trained_on = _pairs_policy(ctx, pairs_dir)
     out_dir = ctx.workdir("train")
+    progress_prefix = ctx.layout.stage(TRAIN_PROGRESS)
+    resume_from = restore_train_checkpoint(ctx, run, progress_prefix)
+    checkpoints = CheckpointTarget(ctx.config.store, progress_prefix, run.fingerprint.to_json())
     log(f"train: DPO with LoRA on {n_pairs} pairs, on (and against) {trained_on.describe()}")
-    metrics = train_dpo(pairs_dir / "pairs.jsonl", out_dir, policy_config(ctx, trained_on))
+    metrics = train_dpo(
+        pairs_dir / "pairs.jsonl",
+        out_dir,
+        policy_config(ctx, trained_on),
+        checkpoints=checkpoints,
+        resume_from=resume_from,
+    )
     adapter_dir = out_dir / "adapter"
     write_json(adapter_dir / "metrics.json", metrics)
     log(f"train: uploading the adapter to {ctx.store.describe(prefix)}")
@@ -285,9 +295,44 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         "pairs": n_pairs,
         "trained_on": trained_on.id,
         "global_steps": metrics.get("global_steps"),
+        "resumed_from_step": metrics.get("resumed_from_step"),
         "train_loss": metrics.get("train_loss"),
     }
-    return _finish(ctx, run, summary)
+    finished = _finish(ctx, run, summary)
+    ctx.store.delete_prefix(progress_prefix)  # the adapter is complete: its checkpoints are spent
+    return finished
+
+
+TRAIN_PROGRESS = "train-progress"
+
+
+def restore_train_checkpoint(ctx: StageContext, run: StageRun, prefix: str) -> Path | None:
+    """The last checkpoint a stopped train stage kept, downloaded, if it was made under this
+    stage's fingerprint; one of another config is refused, or, forced, discarded."""
+    from codeq.train.checkpoints import download_latest, latest
+
+    record = latest(ctx.store, prefix)
+    if record is None:
+        return None
+    try:
+        check_recorded(
+            record.get("fingerprint"),
+            run.fingerprint,
+            f"the train checkpoint at {ctx.store.describe(prefix)}",
+        )
+    except StaleOutputError:
+        if not ctx.force:
+            raise
+        log("train: forced; discarding a checkpoint made under another config")
+        ctx.store.delete_prefix(prefix)
+        return None
+    resume_dir = ctx.workdir("train-resume")
+    _empty(resume_dir)
+    checkpoint = download_latest(ctx.store, prefix, resume_dir)
+    log(
+        f"train: resuming from the checkpoint of step {record['step']} at {ctx.store.describe(prefix)}"
+    )
+    return checkpoint
 
 
 def _pairs_policy(ctx: StageContext, pairs_dir: Path) -> Lineage:

@@ -41,6 +41,7 @@ from codeq.errors import (
     TrainingProcessError,
 )
 from codeq.schemas import write_json
+from codeq.train.checkpoints import CheckpointTarget
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,13 @@ def require_devices(processes: int) -> None:
         )
 
 
-def launch_ranks(pairs_path: Path, out_dir: Path, config: CodeQConfig) -> dict[str, Any]:
+def launch_ranks(
+    pairs_path: Path,
+    out_dir: Path,
+    config: CodeQConfig,
+    checkpoints: CheckpointTarget | None = None,
+    resume_from: Path | None = None,
+) -> dict[str, Any]:
     """Run DPO in config.train.processes processes; return the metrics rank 0 wrote."""
     processes = config.train.processes
     require_devices(processes)
@@ -122,6 +129,8 @@ def launch_ranks(pairs_path: Path, out_dir: Path, config: CodeQConfig) -> dict[s
             "pairs": str(pairs_path),
             "out_dir": str(out_dir),
             "config": config.model_dump(mode="json"),
+            "checkpoints": checkpoints.to_json() if checkpoints is not None else None,
+            "resume_from": str(resume_from) if resume_from is not None else None,
         },
     )
     log.info(
@@ -236,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         from codeq.train.dpo import load_pairs, train_in_this_process
 
         config = CodeQConfig.model_validate(spec["config"])
-        train_in_this_process(load_pairs(Path(spec["pairs"])), out_dir, config)
+        checkpoints = spec.get("checkpoints")
+        resume_from = spec.get("resume_from")
+        train_in_this_process(
+            load_pairs(Path(spec["pairs"])),
+            out_dir,
+            config,
+            CheckpointTarget.from_json(checkpoints) if checkpoints else None,
+            Path(resume_from) if resume_from else None,
+        )
     except Exception as exc:
         record_rank_error(out_dir, exc)
         if isinstance(exc, CodeQError):

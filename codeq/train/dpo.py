@@ -11,6 +11,8 @@
 - A non-finite loss or gradient norm fails the stage with TrainingDivergedError.
 - train.processes > 1 trains data-parallel, one process per GPU (codeq/train/distributed.py),
   with the same pairs per optimizer step and the same metrics.json; rank 0 writes the adapter.
+- Every train.checkpoint_every_s seconds a checkpoint is written and (rank 0) copied to the store
+  (codeq/train/checkpoints.py); `resume_from` continues from one at the step it was written.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from codeq.errors import BadInputError, ConfigError, TrainingDivergedError
 from codeq.policy.source import resolve_model_source
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Pair, read_jsonl, write_json
+from codeq.train.checkpoints import (
+    BEST_ADAPTER_NAME,
+    CheckpointClock,
+    CheckpointTarget,
+    read_rank_state,
+    upload_checkpoint,
+    write_rank_state,
+)
 from codeq.train.model import load_tokenizer, load_training_model, training_quantization
 
 log = logging.getLogger(__name__)
@@ -42,19 +52,25 @@ LENGTH_COLUMN = "length"  # tokens of the longer side of a pair; Trainer buckets
 
 @dataclass
 class PaddingMeter:
-    """Wraps a collator and counts real (attended) and padded tokens of every batch it builds."""
+    """Counts real (attended) and padded tokens of the batches it is shown: the trainer shows
+    it each micro-batch it trains on (not each one its data loader builds: the loader reads one
+    ahead, and a resumed run builds again the batches it skips)."""
 
-    collator: Any
     real_tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = self.collator(examples)
+    def count(self, batch: Any) -> None:
         self.real_tokens += int(batch["attention_mask"].sum())
         self.padded_tokens += int(batch["input_ids"].numel())
         self.batches += 1
-        return dict(batch)
+
+    @classmethod
+    def of(cls, batches: Any) -> PaddingMeter:
+        meter = cls()
+        for batch in batches:
+            meter.count(batch)
+        return meter
 
     @property
     def ratio(self) -> float | None:
@@ -186,7 +202,11 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         max_length=config.max_length,  # longer pairs were dropped before; this never truncates
         eval_strategy="steps" if has_eval else "no",
         eval_steps=config.eval_steps,
-        save_strategy="no",  # the best adapter is kept in memory by BestAdapterCallback
+        # the best adapter is kept in memory by the callback, which also asks for a resumable
+        # checkpoint every checkpoint_every_s seconds (time, not steps: a step takes seconds on
+        # a GPU and minutes on a CPU); only the newest is kept on disk
+        save_strategy="no",
+        save_total_limit=1,
         logging_steps=1,
         logging_first_step=True,
         report_to=config.report_to,
@@ -218,13 +238,17 @@ def _make_trainer_class() -> Any:
     from trl import DPOTrainer
 
     class MeteredDPOTrainer(DPOTrainer):  # type: ignore[misc, valid-type]
-        """DPOTrainer that meters the padding of its train batches, and buckets lengths over a
-        whole optimizer step when data-parallel (Trainer's `_get_train_sampler`)."""
+        """DPOTrainer that meters the padding of the batches it trains on, and buckets lengths
+        over a whole optimizer step when data-parallel (Trainer's `_get_train_sampler`)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.remove_callback(PrinterCallback)  # logs go to stderr via our callback, not stdout
-            self.train_meter = PaddingMeter(self.data_collator)
+            self.train_meter = PaddingMeter()
+
+        def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            self.train_meter.count(inputs)
+            return super().training_step(model, inputs, *args, **kwargs)
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             """Length bucketing groups over a whole optimizer step's pairs on every rank, as on
@@ -238,23 +262,19 @@ def _make_trainer_class() -> Any:
                 sampler.batch_size *= self.args.world_size
             return sampler
 
-        def get_train_dataloader(self) -> Any:
-            plain, self.data_collator = self.data_collator, self.train_meter
-            try:
-                return super().get_train_dataloader()
-            finally:
-                self.data_collator = plain
-
     return MeteredDPOTrainer
 
 
-def _make_callback(trainer_ref: dict[str, Any]) -> Any:
+def _make_callback(
+    trainer_ref: dict[str, Any], every_s: float, target: CheckpointTarget | None
+) -> Any:
     from peft import get_peft_model_state_dict
     from transformers import TrainerCallback
 
     class GuardAndBestCallback(TrainerCallback):  # type: ignore[misc, valid-type]
         """Fails on a non-finite loss/grad norm; keeps the adapter weights of the best held-out
-        reward accuracy (ties keep the later, more trained adapter)."""
+        reward accuracy (ties keep the later, more trained adapter); asks for a checkpoint when
+        one is due and keeps its own state in it."""
 
         def __init__(self) -> None:
             self.best_accuracy: float | None = None
@@ -263,11 +283,15 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
             self.step_seconds: list[float] = []
             self._step_started = 0.0
             self.bar: Any = None
+            self.clock = CheckpointClock(every_s)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.bar = progress_bar(
                 state.max_steps, "train (DPO)", unit="step", enabled=state.is_world_process_zero
             )
+            if state.global_step:  # resumed
+                self.bar.update(state.global_step)
+            self.clock.saved()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.bar is not None:
@@ -280,6 +304,60 @@ def _make_callback(trainer_ref: dict[str, Any]) -> Any:
             self.step_seconds.append(time.perf_counter() - self._step_started)
             if self.bar is not None:
                 self.bar.update(1)
+            if state.global_step < state.max_steps and self._checkpoint_due():
+                control.should_save = True
+
+        def _checkpoint_due(self) -> bool:
+            """Due on every rank or on none: the ranks save together (a rank's clock alone
+            could differ from another's by a step)."""
+            import torch
+
+            due = self.clock.due()
+            trainer = trainer_ref["trainer"]
+            if trainer.args.world_size == 1:
+                return due
+            flag = torch.tensor([1 if due else 0], device=trainer.accelerator.device)
+            return bool(trainer.accelerator.reduce(flag, reduction="sum").item() > 0)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            """The trainer wrote checkpoint-<step>: add ours, then (rank 0) copy it to the store."""
+            from safetensors.torch import save_file
+
+            trainer = trainer_ref["trainer"]
+            checkpoint_dir = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            meter = trainer.train_meter
+            write_rank_state(
+                checkpoint_dir,
+                args.process_index,
+                {
+                    "best_accuracy": self.best_accuracy,
+                    "best_step": self.best_step,
+                    "step_seconds": self.step_seconds,
+                    "meter": [meter.real_tokens, meter.padded_tokens, meter.batches],
+                },
+            )
+            if state.is_world_process_zero and self.best_state is not None:
+                save_file(
+                    {name: t.contiguous() for name, t in self.best_state.items()},
+                    str(checkpoint_dir / BEST_ADAPTER_NAME),
+                )
+            trainer.accelerator.wait_for_everyone()  # every rank's files are written
+            if state.is_world_process_zero and target is not None:
+                upload_checkpoint(target, checkpoint_dir, state.global_step)
+                log.info("step %d: checkpoint kept at %s", state.global_step, target.prefix)
+            self.clock.saved()
+
+        def restore(self, checkpoint_dir: Path, rank: int) -> None:
+            """Our part of a checkpoint: the best adapter so far, step times, padding counts."""
+            from safetensors.torch import load_file
+
+            saved = read_rank_state(checkpoint_dir, rank)
+            self.best_accuracy, self.best_step = saved["best_accuracy"], saved["best_step"]
+            self.step_seconds = list(saved["step_seconds"])
+            meter = trainer_ref["trainer"].train_meter
+            meter.real_tokens, meter.padded_tokens, meter.batches = saved["meter"]
+            best_path = checkpoint_dir / BEST_ADAPTER_NAME
+            self.best_state = load_file(str(best_path)) if best_path.is_file() else None
 
         def on_log(
             self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
@@ -429,7 +507,12 @@ class PreparedTraining:
     over_max_length: int
 
 
-def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> PreparedTraining:
+def build_trainer(
+    pairs: list[Pair],
+    out_dir: Path,
+    config: CodeQConfig,
+    checkpoints: CheckpointTarget | None = None,
+) -> PreparedTraining:
     """Load the base model, drop over-long pairs, hold out a slice, and set up the trainer."""
     import torch
     from datasets import Dataset
@@ -455,7 +538,7 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
         "bf16 (fp32 log-probs)" if use_bf16 else "fp32",
     )
     trainer_ref: dict[str, Any] = {}
-    callback = _make_callback(trainer_ref)
+    callback = _make_callback(trainer_ref, train_config.checkpoint_every_s, checkpoints)
     trainer = _make_trainer_class()(
         model=model,
         args=dpo_arguments(train_config, out_dir, bool(held_out), use_bf16),
@@ -480,9 +563,17 @@ def build_trainer(pairs: list[Pair], out_dir: Path, config: CodeQConfig) -> Prep
     )
 
 
-def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) -> dict[str, Any]:
+def train_dpo(
+    pairs_path: str | Path,
+    out_dir: str | Path,
+    config: CodeQConfig,
+    checkpoints: CheckpointTarget | None = None,
+    resume_from: Path | None = None,
+) -> dict[str, Any]:
     """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json.
-    With train.processes > 1 in that many data-parallel processes (same files, same metrics)."""
+    With train.processes > 1 in that many data-parallel processes (same files, same metrics).
+    `checkpoints`: where checkpoints are copied as training goes; `resume_from`: a checkpoint
+    folder (one of those copies) to continue from instead of step 0."""
     from codeq.train.distributed import batch_plan, launch_ranks
 
     require_tracking_client(config.train.report_to)
@@ -492,8 +583,19 @@ def train_dpo(pairs_path: str | Path, out_dir: str | Path, config: CodeQConfig) 
     batch_plan(config.train)  # a batch the processes cannot share fails before they start
     if config.train.processes > 1:
         path = Path(pairs_path)
-        return launch_ranks(path / "pairs.jsonl" if path.is_dir() else path, out_dir, config)
-    return train_in_this_process(pairs, out_dir, config)
+        return launch_ranks(
+            path / "pairs.jsonl" if path.is_dir() else path,
+            out_dir,
+            config,
+            checkpoints,
+            resume_from,
+        )
+    return train_in_this_process(pairs, out_dir, config, checkpoints, resume_from)
+
+
+def _trainer_step_of(checkpoint_dir: Path) -> int:
+    state = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())
+    return int(state["global_step"])
 
 
 def _sum_over_ranks(trainer: Any, meter: PaddingMeter) -> None:
@@ -510,19 +612,27 @@ def _sum_over_ranks(trainer: Any, meter: PaddingMeter) -> None:
 
 
 def train_in_this_process(
-    pairs: list[Pair], out_dir: str | Path, config: CodeQConfig
+    pairs: list[Pair],
+    out_dir: str | Path,
+    config: CodeQConfig,
+    checkpoints: CheckpointTarget | None = None,
+    resume_from: Path | None = None,
 ) -> dict[str, Any]:
     """train_dpo in this process: the whole run, or one rank of N (only rank 0 writes files)."""
     from peft import set_peft_model_state_dict
 
-    from codeq.train.distributed import batch_plan
+    from codeq.train.distributed import batch_plan, this_rank
 
     out_dir = Path(out_dir)
     policy = common_pair_policy(pairs)
-    prepared = build_trainer(pairs, out_dir, config)
+    prepared = build_trainer(pairs, out_dir, config, checkpoints)
     trainer, callback, tokenizer = prepared.trainer, prepared.callback, prepared.tokenizer
+    resumed_step = _trainer_step_of(resume_from) if resume_from is not None else None
+    if resume_from is not None:
+        callback.restore(resume_from, this_rank())
+        log.info("resuming DPO at step %d from %s", resumed_step, resume_from)
     started = time.perf_counter()
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
     steps, evals = _history(trainer.state.log_history)
     final_eval: dict[str, Any] = {}
@@ -566,7 +676,8 @@ def train_in_this_process(
             "pairs_per_step": plan.pairs_per_step,
         },
         "global_steps": trainer.state.global_step,
-        "train_seconds": seconds,
+        "resumed_from_step": resumed_step,
+        "train_seconds": seconds,  # of this run (since the resumed step, if resumed)
         "step_seconds": callback.step_seconds,
         "train_loss": result.training_loss,
         "tokens": {
