@@ -179,6 +179,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "search.mt_bon_samples": 8,
     "search.mt_bon_turns": 3,
     "train.processes": 1,
+    "train.checkpoint_every_s": 600.0,  # checkpoints never change what train computes
     "pairs.q_ai": "critique",
     "evaluate.tie_break": "critique",
     "verifier.enabled": False,
