@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from codeq.config import TrainConfig, load_config
+from codeq.config import StoreConfig, TrainConfig, load_config
 from codeq.errors import BadInputError, ConfigError
 from codeq.schemas import write_jsonl
+from codeq.store import open_store
+from codeq.train.checkpoints import CheckpointTarget, latest
 from tests.test_train import make_pairs
 from tests.test_train_smollm2 import repair_pairs
 
@@ -107,8 +109,14 @@ def test_two_gloo_processes_train_the_single_process_adapter(
     single = train_dpo(
         pairs_path, tmp_path / "one", distributed_config(tiny_model_dir, 1, **settings)
     )
+    # the two processes also checkpoint after every step (they agree when, rank 0 copies)
+    store_uri = f"file://{tmp_path / 'store'}"
+    target = CheckpointTarget(StoreConfig(uri=store_uri), "train-progress", {})
     double = train_dpo(
-        pairs_path, tmp_path / "two", distributed_config(tiny_model_dir, 2, **settings)
+        pairs_path,
+        tmp_path / "two",
+        distributed_config(tiny_model_dir, 2, checkpoint_every_s=1e-9, **settings),
+        checkpoints=target,
     )
 
     assert double == json.loads((tmp_path / "two" / "metrics.json").read_text())
@@ -127,9 +135,12 @@ def test_two_gloo_processes_train_the_single_process_adapter(
     assert double["pairs"]["train"] == 24 and double["pairs"]["held_out"] == 4
     assert double["best_step"] == single["best_step"] == 3
     assert double["global_steps"] == single["global_steps"] == 3
-    # summed over both ranks (each meters the batches it builds, one more than it trains on:
-    # accelerate's loader reads one batch ahead)
-    assert double["tokens"]["real"] > single["tokens"]["real"] / 2
+    # summed over both ranks: the micro-batches one process trains on
+    assert double["tokens"]["real"] == single["tokens"]["real"]
+    checkpoint = latest(open_store(target.store), "train-progress")
+    assert checkpoint is not None and checkpoint["step"] == 2  # none after the last step
+    saved = {key.rsplit("/", 1)[-1] for key in open_store(target.store).list("train-progress")}
+    assert {"codeq_state_rank0.json", "codeq_state_rank1.json", "optimizer.pt"} <= saved
     assert 0 < double["tokens"]["real_to_padded"] <= 1
     for one, two in zip(single["steps"], double["steps"], strict=True):
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)

@@ -90,3 +90,4 @@ def test_a_stopped_run_resumes_from_the_store_and_matches_an_uninterrupted_one(
     for name in expected:
         assert torch.allclose(expected[name], got[name], atol=1e-6), name
     assert not (tmp_path / "stopped" / "adapter").exists()  # the stopped run wrote no adapter
+    assert not (tmp_path / "resumed" / "checkpoints").exists()  # spent once the adapter is written

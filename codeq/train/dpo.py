@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -652,6 +653,7 @@ def train_in_this_process(
         trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(adapter_dir))
         write_provenance(adapter_dir, policy)
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # spent; frees the scratch
 
     meter = trainer.train_meter
     _sum_over_ranks(trainer, meter)
