@@ -181,19 +181,28 @@ def _check_shard_progress(ctx: StageContext, run: StageRun) -> None:
     progress_key = join_key(run.prefix, PROGRESS_NAME)
     saved = ctx.store.list(task_prefix)
     if saved and ctx.store.exists(progress_key):
-        recorded = ctx.store.get_json(progress_key).get("fingerprint")
-        try:
-            check_recorded(
-                recorded,
-                run.fingerprint,
-                f"the {len(saved)} trajectories saved at {ctx.store.describe(task_prefix)}",
-            )
-        except StaleOutputError:
-            if not ctx.force:
-                raise
-            log(f"{run.stage}: forced; discarding {len(saved)} trajectories of another config")
-            ctx.store.delete_prefix(task_prefix)
+        _keep_progress(
+            ctx,
+            run,
+            ctx.store.get_json(progress_key).get("fingerprint"),
+            task_prefix,
+            f"the {len(saved)} trajectories saved at {ctx.store.describe(task_prefix)}",
+        )
     ctx.store.put_json(progress_key, {"fingerprint": run.fingerprint.to_json()})
+
+
+def _keep_progress(ctx: StageContext, run: StageRun, recorded: Any, prefix: str, what: str) -> bool:
+    """A stopped stage's saved progress (`what`, under `prefix`) is kept only under the
+    fingerprint it was made under; under another it is refused, or, forced, discarded."""
+    try:
+        check_recorded(recorded, run.fingerprint, what)
+    except StaleOutputError:
+        if not ctx.force:
+            raise
+        log(f"{run.stage}: forced; discarding {what}, made under another config")
+        ctx.store.delete_prefix(prefix)
+        return False
+    return True
 
 
 def unique_trajectories(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -312,19 +321,8 @@ def restore_train_checkpoint(ctx: StageContext, run: StageRun, prefix: str) -> P
     from codeq.train.checkpoints import download_latest, latest
 
     record = latest(ctx.store, prefix)
-    if record is None:
-        return None
-    try:
-        check_recorded(
-            record.get("fingerprint"),
-            run.fingerprint,
-            f"the train checkpoint at {ctx.store.describe(prefix)}",
-        )
-    except StaleOutputError:
-        if not ctx.force:
-            raise
-        log("train: forced; discarding a checkpoint made under another config")
-        ctx.store.delete_prefix(prefix)
+    what = f"the train checkpoint at {ctx.store.describe(prefix)}"
+    if record is None or not _keep_progress(ctx, run, record.get("fingerprint"), prefix, what):
         return None
     resume_dir = ctx.workdir("train-resume")
     _empty(resume_dir)
