@@ -12,8 +12,12 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH"
 TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
 # The slowest tests are listed after every run: CI must stay under 30 minutes, and a test that
-# grew shows there first.
-PYTEST_ARGS ?= --durations=25 --durations-min=10
+# grew shows there first. Tests run in TEST_WORKERS processes (pytest-xdist): much of the suite
+# is one Python thread (Helm rendering, sandbox round trips, waiting on containers), so two
+# workers use both of CI's two cores. Tests marked xdist_group share a worker (the Docker ones:
+# one twin at a time). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup --durations=25 --durations-min=10
 
 .PHONY: setup setup-python setup-dev setup-sandbox setup-tools demo test test-fast lint format \
 	bench clean images images-base twin

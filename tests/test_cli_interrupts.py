@@ -154,9 +154,13 @@ def test_ctrl_c_in_collect_and_sigterm_in_train_of_a_real_round_then_a_rerun_res
     has saved a task, SIGTERM once train has started; each exits non-zero with its line, and
     each rerun resumes (collect restores the saved tasks; the finished stages are skipped)."""
     out = tmp_path / "out"
-    settings = tmp_path / "settings.yaml"  # one task at a time, so SIGINT lands mid-collect;
-    settings.write_text(  # every gap a pair, so train has pairs to train on
+    # one task at a time, so SIGINT lands mid-collect; every gap a pair, so train has pairs to
+    # train on; two tasks each for evaluate and promotion (the rerun's last stages are not what
+    # this test is about, and all the validation tasks cost a minute and a half)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(
         "search:\n  parallel_trees: 1\npairs:\n  min_value_gap: 0.0\n"
+        "evaluate:\n  max_tasks: 2\npromotion:\n  max_tasks: 2\n"
     )
     argv = ["round", "-c", str(settings), "-o", str(out), "--model", str(smollm2_dir)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODEQ_")}

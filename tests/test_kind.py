@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.kind
+pytestmark = [pytest.mark.kind, pytest.mark.xdist_group("docker")]
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = os.environ.get("NAMESPACE", "codeq")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -44,7 +45,9 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path) -> Path:
 
     The folder holds safetensors weights (fp32), config and tokenizer, so later loads are fast
     and PEFT/TRL can use it as a normal base model. A COMPLETE marker makes partial writes
-    (a killed process) invisible: they are redone.
+    (a killed process) invisible: they are redone. Processes that dequantize the same file at
+    once (two local rounds, parallel test workers) each write their own staging folder; the
+    first to finish moves it in place and the others keep its copy.
     """
     gguf_path = Path(gguf_path).expanduser().resolve()
     if not gguf_path.is_file():
@@ -57,7 +60,7 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("dequantizing %s into %s (once)", gguf_path.name, target)
-    staging = target.with_name(target.name + ".partial")
+    staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -76,6 +79,18 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path) -> Path:
     plain.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     (staging / _COMPLETE).write_text(str(gguf_path) + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    _move_into_place(staging, target)
     return target
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    """Rename a complete `staging` folder to `target`, unless another process got there first."""
+    if not (target / _COMPLETE).is_file():
+        shutil.rmtree(target, ignore_errors=True)  # a killed process's incomplete copy
+        try:
+            staging.rename(target)
+            return
+        except OSError:
+            if not (target / _COMPLETE).is_file():
+                raise
+    shutil.rmtree(staging, ignore_errors=True)
