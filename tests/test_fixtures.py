@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 
@@ -50,34 +48,3 @@ def test_smollm2_generates_sensible_text(smollm2_dir):
     text, count = _generate(smollm2_dir, "What is the capital of France? One word.", new_tokens=8)
     assert count == 8
     assert "paris" in text.lower()
-
-
-@pytest.mark.slow
-def test_two_processes_dequantizing_the_same_gguf_at_once_both_get_the_complete_folder(tmp_path):
-    """Two local rounds (or two test workers) that start on an empty cache at the same moment
-    each dequantize SmolLM2's GGUF; both must end with the same complete folder and no staging
-    folder may be left behind."""
-    import subprocess
-    import sys
-
-    script = (
-        "import sys; from codeq.policy.gguf import materialize_gguf, smollm2_gguf_path; "
-        "print(materialize_gguf(smollm2_gguf_path(), sys.argv[1]))"
-    )
-    cache = tmp_path / "cache"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(cache)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [process.communicate(timeout=600) for process in processes]
-    assert [p.returncode for p in processes] == [0, 0], [err[-2000:] for _, err in outputs]
-    folders = {out.strip().splitlines()[-1] for out, _ in outputs}
-    [folder] = folders
-    assert sorted(p.name for p in cache.iterdir()) == [Path(folder).name]
-    assert (Path(folder) / "model.safetensors").is_file()
-    assert (Path(folder) / "tokenizer.json").is_file()
