@@ -12,12 +12,13 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH"
 TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
 # The slowest tests are listed after every run: CI must stay under 30 minutes, and a test that
-# grew shows there first. Tests run in TEST_WORKERS processes (pytest-xdist): much of the suite
-# is one Python thread (Helm rendering, sandbox round trips, waiting on containers), so two
-# workers use both of CI's two cores. Tests marked xdist_group share a worker (the Docker ones:
-# one twin at a time). TEST_WORKERS=0 runs them in this process.
+# grew shows there first. The fast tests run in TEST_WORKERS processes (pytest-xdist): most are
+# one Python thread (Helm rendering, sandbox round trips), so two workers use both of CI's two
+# cores. The slow ones run after them in one process: each already keeps both cores busy
+# (torch, containers): two at once ran over 52 min where one at a time took 26 (2 cores, no
+# other load). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-PYTEST_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup --durations=25 --durations-min=10
+PYTEST_ARGS ?= --durations=25 --durations-min=10
 
 .PHONY: setup setup-python setup-dev setup-sandbox setup-tools demo test test-fast lint format \
 	bench clean images images-base twin
@@ -91,7 +92,8 @@ demo: setup-sandbox setup-python
 	$(IN_VENV) $(BIN)/codeq rounds --rounds 2
 
 test: setup
-	$(IN_VENV) $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(IN_VENV) $(VENV_PYTHON) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(IN_VENV) $(VENV_PYTHON) -m pytest -m slow $(PYTEST_ARGS)
 
 test-fast: setup-dev
 	$(IN_VENV) $(VENV_PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)

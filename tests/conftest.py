@@ -15,24 +15,6 @@ DEBUGBENCH_DIR = Path(
 MODEL_CACHE = Path(os.environ.get("CODEQ_TEST_CACHE", Path.home() / ".cache" / "codeq"))
 
 
-# The longest tests (minutes each on 2 cores; `make test` lists the slowest after every run).
-LONGEST_FIRST = ("test_learning_curve.py", "test_train_smollm2.py", "test_cli_interrupts.py")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """The longest tests first, then the other slow ones (stable otherwise): with parallel
-    workers (`make test`, pytest-xdist) a minutes-long test that started last would leave the
-    other worker idle at the end. (xdist hands out its groups first: the Docker one, with the
-    twin, goes to one worker while these start on the other.)"""
-
-    def rank(item) -> tuple[int, bool]:
-        slow = item.get_closest_marker("slow") is not None
-        longest = LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else None
-        return (longest if slow and longest is not None else len(LONGEST_FIRST)), not slow
-
-    items.sort(key=rank)
-
-
 @pytest.fixture(scope="session")
 def debugbench_dir() -> Path:
     if not any(DEBUGBENCH_DIR.glob("python3_*.json")):

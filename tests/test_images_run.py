@@ -25,7 +25,7 @@ import pytest
 from tests import containers
 from tests.test_images import LOCKS, locked
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docker")]
+pytestmark = pytest.mark.slow
 
 SANDBOX_TESTS = ("tests/test_sandbox.py", "tests/test_sandbox_attacks.py")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.kind, pytest.mark.xdist_group("docker")]
+pytestmark = pytest.mark.kind
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = os.environ.get("NAMESPACE", "codeq")

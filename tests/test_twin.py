@@ -15,7 +15,7 @@ import pytest
 
 from tests import containers, twin
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docker")]
+pytestmark = pytest.mark.slow
 
 STAGE_OUTPUTS = [
     "tasks",
