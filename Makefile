@@ -12,11 +12,14 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH"
 TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
 # The slowest tests are listed after every run: CI must stay under 30 minutes, and a test that
-# grew shows there first. The fast tests run in TEST_WORKERS processes (pytest-xdist): most are
-# one Python thread (Helm rendering, sandbox round trips), so two workers use both of CI's two
-# cores. The slow ones run after them in one process: each already keeps both cores busy
-# (torch, containers): two at once ran over 52 min where one at a time took 26 (2 cores, no
-# other load). TEST_WORKERS=0: one process.
+# grew shows there first. The tests run in TEST_WORKERS processes (pytest-xdist): the slow ones
+# one after another in one worker (tests/conftest.py groups them), the fast ones in the others
+# and in that one once the slow ones are done. A slow test keeps both cores busy much of the
+# time (torch, containers): two at once ran over 52 min where one at a time took 26 (2 cores,
+# no other load). On average it uses under one core, and the fast tests (most of them one
+# Python thread: Helm rendering, sandbox round trips) take the rest, though they slow the slow
+# tests they meet: on a fresh 2-core machine the whole suite took 2008 s, the slow worker's
+# share, with the fast tests done in its first 11 min. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=25 --durations-min=10
 
@@ -92,8 +95,7 @@ demo: setup-sandbox setup-python
 	$(IN_VENV) $(BIN)/codeq rounds --rounds 2
 
 test: setup
-	$(IN_VENV) $(VENV_PYTHON) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	$(IN_VENV) $(VENV_PYTHON) -m pytest -m slow $(PYTEST_ARGS)
+	$(IN_VENV) $(VENV_PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: setup-dev
 	$(IN_VENV) $(VENV_PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -220,15 +220,28 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["search"]["parallel_trees"] = settings["policy"]["batch_size"]
     if args.tiny:
         settings["tasks"].update({"test_fraction": 0.25, "validation_fraction": 0.25})
+        # float32 and fp32: on a CPU without AMX, bf16 takes twice the time (docs/performance.md)
         settings["policy"].update(
-            {"max_new_tokens": 48, "critique_max_new_tokens": 8, "batch_size": 8}
+            {
+                "max_new_tokens": 48,
+                "critique_max_new_tokens": 8,
+                "batch_size": 8,
+                "dtype": "float32",
+            }
         )
         settings["search"].update(
             {"rollouts": 1, "max_depth": 1, "bon_samples": 2, "parallel_trees": 4}
         )
         settings["pairs"]["min_value_gap"] = 0.0
         settings["train"].update(
-            {"lora_r": 4, "lora_alpha": 8, "max_steps": 1, "eval_fraction": 0.0, "max_length": 1024}
+            {
+                "lora_r": 4,
+                "lora_alpha": 8,
+                "max_steps": 1,
+                "eval_fraction": 0.0,
+                "max_length": 1024,
+                "precision": "fp32",
+            }
         )
         settings["evaluate"]["rollout_ablation"] = [1]
     return settings

@@ -15,6 +15,18 @@ DEBUGBENCH_DIR = Path(
 MODEL_CACHE = Path(os.environ.get("CODEQ_TEST_CACHE", Path.home() / ".cache" / "codeq"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the group from the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n 2 --dist loadgroup` (`make test`) the slow tests go to one worker, one
+    after another, while the other worker takes the fast ones: a slow test already keeps both
+    cores busy most of the time (torch, containers), so two at once slow each other down more
+    than they gain, but on average it leaves half a core to the fast tests."""
+    slow = pytest.mark.xdist_group("slow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(slow)
+
+
 @pytest.fixture(scope="session")
 def debugbench_dir() -> Path:
     if not any(DEBUGBENCH_DIR.glob("python3_*.json")):

@@ -134,7 +134,12 @@ def test_smollm2_searches_real_tasks(smollm2_dir, tasks_file, sandbox):
     config = load_config(
         None,
         {
-            "policy": {"model": str(smollm2_dir), "max_new_tokens": 160, "cpu_threads": 1},
+            "policy": {
+                "model": str(smollm2_dir),
+                "max_new_tokens": 160,
+                "cpu_threads": 1,
+                "dtype": "float32",
+            },
             "search": {"rewrites_per_expansion": 2, "rollouts": 1, "parallel_trees": 3},
         },
     )
