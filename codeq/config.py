@@ -158,7 +158,8 @@ class PolicyConfig(Section):
     cpu_threads: int = Field(
         0,
         ge=0,
-        description="torch CPU threads for generation; 0 keeps torch's default (one per core). "
+        description="torch CPU threads for generation; 0: one per CPU this process may use "
+        "(its cores, capped by its cgroup's CPU quota: a pod's limits.cpu). "
         "1 is much faster on a CPU shared with other busy processes.",
     )
 

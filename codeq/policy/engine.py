@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import PolicyConfig
+from codeq.cpus import available_cpus
 from codeq.errors import ConfigError, ModelLoadError
 from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import groups_by_length
@@ -144,8 +145,11 @@ class PolicyEngine:
         path = resolve_model_source(config.model, config.cache_dir)
         if seed is not None:
             torch.manual_seed(seed)
-        if device == "cpu" and config.cpu_threads:
-            torch.set_num_threads(config.cpu_threads)
+        if device == "cpu":
+            # 0 keeps torch's default (one thread per core, or OMP_NUM_THREADS) unless a CPU
+            # quota (a pod's limits.cpu) allows fewer
+            threads = config.cpu_threads or min(torch.get_num_threads(), available_cpus())
+            torch.set_num_threads(threads)
         kwargs: dict[str, Any] = {"dtype": dtype}
         if quantization == "nf4":
             kwargs["quantization_config"] = nf4_config(dtype)

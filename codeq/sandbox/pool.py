@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import shutil
 import sys
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from codeq.config import SandboxConfig
+from codeq.cpus import available_cpus
 from codeq.errors import SandboxError
 from codeq.sandbox.records import ExecRequest, ExecResult
 from codeq.sandbox.worker import Worker
@@ -58,7 +58,7 @@ def warn_about_weak_isolation(hello: dict) -> None:
 
 
 def worker_count(config: SandboxConfig) -> int:
-    return config.workers or max(1, len(os.sched_getaffinity(0)))
+    return config.workers or available_cpus()
 
 
 def _stop_workers(workers: list[Worker]) -> None:
