@@ -24,15 +24,17 @@ SEARCHING = {
 ALLOWED: dict[str, set[str]] = {
     "codeq.errors": set(),
     "codeq.progress": set(),
+    "codeq.cpus": set(),
     "codeq.locations": set(),
     "codeq.config_layers": FOUNDATION,
     "codeq.config": FOUNDATION | {"codeq.config_layers"},
     "codeq.schemas": FOUNDATION,
     "codeq.logs": FOUNDATION,
     "codeq.shards": FOUNDATION,
-    "codeq.sandbox": FOUNDATION | {"codeq.config"},
+    "codeq.sandbox": FOUNDATION | {"codeq.config", "codeq.cpus"},
     "codeq.store": FOUNDATION | {"codeq.config", "codeq.logs"},
-    "codeq.policy": FOUNDATION | {"codeq.config", "codeq.locations", "codeq.logs", "codeq.schemas"},
+    "codeq.policy": FOUNDATION
+    | {"codeq.config", "codeq.cpus", "codeq.locations", "codeq.logs", "codeq.schemas"},
     "codeq.tasks": FOUNDATION
     | {"codeq.config", "codeq.locations", "codeq.sandbox", "codeq.schemas"},
     "codeq.report": FOUNDATION | {"codeq.schemas"},
