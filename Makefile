@@ -18,7 +18,7 @@ CHECKOV := $(TOOLS)/checkov/bin/checkov
 # time (torch, containers): two at once ran over 52 min where one at a time took 26 (2 cores,
 # no other load). On average it uses under one core, and the fast tests (most of them one
 # Python thread: Helm rendering, sandbox round trips) take the rest, though they slow the slow
-# tests they meet: on a fresh 2-core machine the whole suite took 2008 s, the slow worker's
+# tests they meet: on a fresh 2-core machine the whole suite took 1618 s, the slow worker's
 # share, with the fast tests done in its first 11 min. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=25 --durations-min=10
