@@ -10,6 +10,10 @@ critique). Reads a store, never writes it; writes one JSON file with the command
         --json docs/results/verifier/qwen-0.5b-round-0.json
 
 --max-train-programs / --max-validation-programs / --max-length size a smoke run.
+
+Resumable: every --checkpoint-every-s seconds training keeps a checkpoint under
+<work>/progress; the same command run again (after a kill, or on another machine with <work>
+copied) continues from the last one. One made with other arguments is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import random
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -55,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--work", type=Path, default=Path("/tmp/verifier-auc"))
+    parser.add_argument("--checkpoint-every-s", type=float, default=600.0)
     parser.add_argument("--json", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -94,6 +100,45 @@ def critique_auc(programs: list[Program], trajectories: list[Trajectory]) -> dic
     return {"auc": auc, "programs": len(keys)}
 
 
+# arguments that change nothing the run computes: a checkpoint made under others is resumed
+NOT_FINGERPRINTED = {"threads", "work", "json", "checkpoint_every_s"}
+
+
+def checkpoint_target(args: argparse.Namespace) -> Any:
+    """Where training keeps its checkpoints (a folder store under --work), fingerprinted by
+    the arguments that change what is computed."""
+    from codeq.config import StoreConfig
+    from codeq.train.checkpoints import CheckpointTarget
+
+    fingerprint = {k: str(v) for k, v in vars(args).items() if k not in NOT_FINGERPRINTED}
+    store = StoreConfig(uri=f"file://{(args.work / 'progress').resolve()}")
+    return CheckpointTarget(store, "verifier-progress", fingerprint)
+
+
+def resume_point(target: Any, args: argparse.Namespace) -> Path | None:
+    """The last checkpoint an earlier run of this command kept, downloaded (None: none)."""
+    from codeq.train.checkpoints import download_latest, latest
+
+    store = target.open()
+    record = latest(store, target.prefix)
+    if record is None:
+        return None
+    if record["fingerprint"] != target.fingerprint:
+        changed = sorted(
+            key
+            for key in set(record["fingerprint"]) | set(target.fingerprint)
+            if record["fingerprint"].get(key) != target.fingerprint.get(key)
+        )
+        raise SystemExit(
+            f"error: {args.work / 'progress'} holds a checkpoint made with other arguments "
+            f"({', '.join(changed)}); use another --work, or delete it to start again"
+        )
+    into = args.work / "resume"
+    shutil.rmtree(into, ignore_errors=True)
+    print(f"resuming from step {record['step']} kept in {args.work / 'progress'}", flush=True)
+    return download_latest(store, target.prefix, into)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -117,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "eval_fraction": args.eval_fraction,
             "seed": args.seed,
+            "checkpoint_every_s": args.checkpoint_every_s,
         },
     )
     started = time.perf_counter()
@@ -126,7 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     written = written_programs(trajectories, train_tasks, config.verifier.max_programs_per_task)
     programs = sample(written, args.max_train_programs, args.seed)
     base = base_lineage(config.policy)
-    trained = train_verifier(programs, args.work, config, base=base, round_number=args.round)
+    target = checkpoint_target(args)
+    trained = train_verifier(
+        programs,
+        args.work,
+        config,
+        base=base,
+        round_number=args.round,
+        checkpoints=target,
+        resume_from=resume_point(target, args),
+    )
+    shutil.rmtree(args.work / "progress", ignore_errors=True)  # trained: its checkpoints are spent
     train_seconds = time.perf_counter() - started
 
     _, held_out = hold_out_tasks(programs, args.eval_fraction, args.seed)
@@ -165,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "train_loss": trained["train_loss"],
         "global_steps": trained["global_steps"],
+        "resumed_from_step": trained["resumed_from_step"],
         "seconds": {
             "train": round(train_seconds, 1),
             "score_validation": round(time.perf_counter() - scored, 1),

@@ -543,6 +543,13 @@ class VerifierConfig(Section):
         "its metrics; 0 trains on every task.",
     )
     seed: int = Field(42, description="Seed of the held-out split and of training.")
+    checkpoint_every_s: float = Field(
+        600.0,
+        ge=0.0,
+        description="Seconds of training between resumable checkpoints (LoRA, score head, "
+        "optimizer, data position) kept in the store: a stopped verifier stage resumes from "
+        "the last one instead of step 0. 0: no checkpoints.",
+    )
 
 
 class StoreConfig(Section):

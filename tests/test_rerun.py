@@ -202,8 +202,8 @@ def test_a_job_refuses_a_stale_output_in_one_line_and_codeq_force_replaces_it(tm
 def test_a_train_checkpoint_is_resumed_only_under_the_fingerprint_it_was_made_under(tmp_path):
     """A stopped train stage left a checkpoint in the store: the rerun resumes from it under
     the same config, refuses it under another (naming the key), and forced, discards it."""
-    from codeq.pipeline.context import begin
-    from codeq.pipeline.stages import TRAIN_PROGRESS, restore_train_checkpoint
+    from codeq.pipeline.context import begin, restore_checkpoint
+    from codeq.pipeline.stages import TRAIN_PROGRESS
     from codeq.train.checkpoints import CheckpointTarget, upload_checkpoint
 
     store = store_with_a_shard(tmp_path)
@@ -220,12 +220,12 @@ def test_a_train_checkpoint_is_resumed_only_under_the_fingerprint_it_was_made_un
     target = CheckpointTarget(made.config.store, prefix, train_run(made).fingerprint.to_json())
     upload_checkpoint(target, folder, 7)
 
-    resumed = restore_train_checkpoint(made, train_run(made), prefix)
+    resumed = restore_checkpoint(made, train_run(made), prefix)
     assert resumed is not None and resumed.name == "checkpoint-7"
     assert (resumed / "trainer_state.json").read_text() == '{"global_step": 7}'
     other = context(store, tmp_path, train={"learning_rate": 1e-4})
     with pytest.raises(StaleOutputError, match=r"train.learning_rate 5e-06 -> 0.0001"):
-        restore_train_checkpoint(other, train_run(other), prefix)
+        restore_checkpoint(other, train_run(other), prefix)
     forced = context(store, tmp_path, force=True, train={"learning_rate": 1e-4})
-    assert restore_train_checkpoint(forced, train_run(forced), prefix) is None
+    assert restore_checkpoint(forced, train_run(forced), prefix) is None
     assert store.list(prefix) == []

@@ -223,3 +223,63 @@ def test_the_tie_break_scores_only_the_rewrites_tied_at_the_top() -> None:
     alone = [node(1, plus, True), node(2, minus, False), node(3, constant, False)]
     assert final_answer(alone, root, task, tie_break).program == plus
     assert len(fake.asked) == 2 and tie_break.decided == 1  # one best program: nothing to ask
+
+
+class Preempted(Exception):
+    """Stands in for the pod being killed right after a checkpoint reached the store."""
+
+
+def test_a_stopped_verifier_resumes_from_the_store_and_matches_an_uninterrupted_one(
+    tmp_path, tiny_model_dir, monkeypatch
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    import codeq.verifier.train as verifier_train
+    from codeq.config import StoreConfig
+    from codeq.store import FileStore
+    from codeq.train.checkpoints import CheckpointTarget, download_latest, latest
+
+    programs = toy_programs([make_task(i) for i in range(4)])
+    target = CheckpointTarget(StoreConfig(uri=f"file://{tmp_path / 'store'}"), "progress", {})
+    unchecked = verifier_config(tiny_model_dir, max_steps=4, checkpoint_every_s=0)
+    whole = train_verifier(programs, tmp_path / "whole", unchecked, base=base_of(unchecked))
+    assert latest(FileStore(tmp_path / "store"), "progress") is None
+
+    config = verifier_config(tiny_model_dir, max_steps=4, checkpoint_every_s=1e-9)
+    real_upload = verifier_train.upload_checkpoint
+
+    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
+        real_upload(target, checkpoint_dir, step)
+        if step == 2:
+            raise Preempted
+
+    monkeypatch.setattr(verifier_train, "upload_checkpoint", upload_then_stop_at_step_2)
+    with pytest.raises(Preempted):
+        train_verifier(
+            programs, tmp_path / "stopped", config, base=base_of(config), checkpoints=target
+        )
+    monkeypatch.setattr(verifier_train, "upload_checkpoint", real_upload)
+    assert not (tmp_path / "stopped" / "verifier").exists()
+
+    checkpoint = download_latest(FileStore(tmp_path / "store"), "progress", tmp_path / "down")
+    resumed = train_verifier(
+        programs,
+        tmp_path / "resumed",
+        config,
+        base=base_of(config),
+        checkpoints=target,
+        resume_from=checkpoint,
+    )
+    assert resumed["resumed_from_step"] == 2 and whole["resumed_from_step"] is None
+    assert resumed["global_steps"] == whole["global_steps"] == 4
+    assert [s["loss"] for s in resumed["steps"]] == pytest.approx(
+        [s["loss"] for s in whole["steps"]], rel=1e-5
+    )
+    assert resumed["heldout_auc"] == whole["heldout_auc"]
+    expected = load_file(str(tmp_path / "whole" / "verifier" / "adapter_model.safetensors"))
+    got = load_file(str(tmp_path / "resumed" / "verifier" / "adapter_model.safetensors"))
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.allclose(expected[name], got[name], atol=1e-6), name
+    assert not (tmp_path / "resumed" / "checkpoints").exists()  # spent once the verifier is written

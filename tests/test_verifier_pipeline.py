@@ -317,11 +317,20 @@ def test_a_round_runs_the_verifier_after_collect_only_when_enabled():
     assert enabled == [*STAGES[:2], "verifier", *STAGES[2:]]
 
 
+def load_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "verifier_auc", REPO / "bench" / "verifier_auc.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_path, tiny_model_dir):
     """bench/verifier_auc.py on a tiny store: trains on the round's collect, scores the
     validation rewrites of its evaluation, each labelled by running it on all its tests."""
-    import importlib.util
-
     store = collected_store(tmp_path, tiny_model_dir)
     answers = []
     for task in VALIDATION:
@@ -334,11 +343,7 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     write_jsonl(folder / "trajectories-bon.jsonl", answers)
     write_jsonl(folder / "trajectories-bon.partial.jsonl", answers[:1])  # resume state: not read
     store.put_dir(LAYOUT.stage("eval"), tmp_path / "eval")
-    spec = importlib.util.spec_from_file_location(
-        "verifier_auc", REPO / "bench" / "verifier_auc.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench()
     out = tmp_path / "auc.json"
     argv = ["--store", str(tmp_path / "store"), "--train-run", "default", "--eval-run", "default"]
     argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "12"]
@@ -352,3 +357,71 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     assert (validation["programs"], validation["passing"]) == (2 * len(VALIDATION), len(VALIDATION))
     assert validation["auc"] >= 0.8
     assert result["critique_heldout"]["auc"] == 0.0  # the toy critique is the wrong way round
+
+
+def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    import codeq.verifier.train as verifier_train
+    from codeq.pipeline.verifier import PROGRESS
+    from codeq.train.checkpoints import latest
+
+    class Preempted(Exception):
+        pass
+
+    store = collected_store(tmp_path, tiny_model_dir)
+    short = {"verifier": {"max_steps": 4, "checkpoint_every_s": 1e-9}}
+    real_upload = verifier_train.upload_checkpoint
+
+    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
+        real_upload(target, checkpoint_dir, step)
+        if step == 2:
+            raise Preempted
+
+    monkeypatch.setattr(verifier_train, "upload_checkpoint", upload_then_stop_at_step_2)
+    with pytest.raises(Preempted):
+        verifier_stage(context(store, tmp_path / "pod-1", tiny_model_dir, **short))
+    monkeypatch.setattr(verifier_train, "upload_checkpoint", real_upload)
+    assert latest(store, LAYOUT.stage(PROGRESS))["step"] == 2
+    assert not store.is_complete(LAYOUT.stage("verifier"))
+
+    result = verifier_stage(context(store, tmp_path / "pod-2", tiny_model_dir, **short))
+    assert result["trained"] and result["resumed_from_step"] == 2, result
+    assert store.marker(LAYOUT.stage("verifier"))["resumed_from_step"] == 2
+    assert latest(store, LAYOUT.stage(PROGRESS)) is None  # spent once the verifier is kept
+    assert not store.list(LAYOUT.stage(PROGRESS))
+
+
+def test_the_bench_resumes_a_stopped_run_and_refuses_another_runs_checkpoint(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    import codeq.verifier.train as verifier_train
+
+    class Killed(Exception):
+        pass
+
+    collected_store(tmp_path, tiny_model_dir)
+    evaluation = tmp_path / "store" / LAYOUT.stage("eval") / "candidate" / "validation"
+    write_jsonl(evaluation / "trajectories-bon.jsonl", [])
+    bench = load_bench()
+    argv = ["--store", str(tmp_path / "store"), "--train-run", "default", "--eval-run", "default"]
+    argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "1"]
+    argv += ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "auc.json")]
+    argv += ["--checkpoint-every-s", "1e-9"]
+    real_upload = verifier_train.upload_checkpoint
+
+    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
+        real_upload(target, checkpoint_dir, step)
+        if step == 2:
+            raise Killed
+
+    monkeypatch.setattr(verifier_train, "upload_checkpoint", upload_then_stop_at_step_2)
+    with pytest.raises(Killed):
+        bench.main(argv)
+    monkeypatch.setattr(verifier_train, "upload_checkpoint", real_upload)
+    with pytest.raises(SystemExit, match="made with other arguments \\(learning_rate\\)"):
+        bench.main([*argv, "--learning-rate", "5e-3"])
+    assert bench.main(argv) == 0
+    result = json.loads((tmp_path / "auc.json").read_text())
+    assert result["resumed_from_step"] == 2 and result["global_steps"] > 2
+    assert not (tmp_path / "work" / "progress").exists()  # spent once the verifier is trained

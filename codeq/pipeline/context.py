@@ -6,6 +6,7 @@ policies.py, stages.py and verifier.py import it; it imports none of them."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,12 @@ from typing import Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import CorruptInputError, MissingInputError
-from codeq.pipeline.fingerprint import Fingerprint, check_recorded, stage_fingerprint
+from codeq.pipeline.fingerprint import (
+    Fingerprint,
+    StaleOutputError,
+    check_recorded,
+    stage_fingerprint,
+)
 from codeq.schemas import Lineage
 from codeq.store import MANIFEST_NAME, MARKER_NAME, ArtifactStore, RoundLayout, join_key, log
 
@@ -155,3 +161,38 @@ def recorded_shards(ctx: StageContext, prefix: str) -> list[int]:
     return sorted(
         int(name.rsplit(" ", 1)[1]) for name in recorded if name.startswith("collect shard ")
     )
+
+
+def keep_progress(ctx: StageContext, run: StageRun, recorded: Any, prefix: str, what: str) -> bool:
+    """A stopped stage's saved progress (`what`, under `prefix`) is kept only under the
+    fingerprint it was made under; under another it is refused, or, forced, discarded."""
+    try:
+        check_recorded(recorded, run.fingerprint, what)
+    except StaleOutputError:
+        if not ctx.force:
+            raise
+        log(f"{run.stage}: forced; discarding {what}, made under another config")
+        ctx.store.delete_prefix(prefix)
+        return False
+    return True
+
+
+def restore_checkpoint(ctx: StageContext, run: StageRun, prefix: str) -> Path | None:
+    """The last training checkpoint a stopped stage (train, verifier) kept under `prefix`,
+    downloaded, if it was made under this stage's fingerprint; one of another config is
+    refused, or, forced, discarded."""
+    from codeq.train.checkpoints import download_latest, latest
+
+    record = latest(ctx.store, prefix)
+    what = f"the {run.stage} checkpoint at {ctx.store.describe(prefix)}"
+    if record is None or not keep_progress(ctx, run, record.get("fingerprint"), prefix, what):
+        return None
+    resume_dir = ctx.workdir(f"{run.stage}-resume")
+    shutil.rmtree(resume_dir, ignore_errors=True)
+    resume_dir.mkdir(parents=True)
+    checkpoint = download_latest(ctx.store, prefix, resume_dir)
+    log(
+        f"{run.stage}: resuming from the checkpoint of step {record['step']} at "
+        f"{ctx.store.describe(prefix)}"
+    )
+    return checkpoint

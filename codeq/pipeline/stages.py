@@ -25,6 +25,8 @@ from codeq.pipeline.context import (
     StageContext,
     StageRun,
     completed_shards,
+    keep_progress,
+    restore_checkpoint,
 )
 from codeq.pipeline.context import begin as _begin
 from codeq.pipeline.context import download_stage as _download_stage
@@ -33,8 +35,6 @@ from codeq.pipeline.context import finish as _finish
 from codeq.pipeline.context import recorded_shards as _recorded_shards
 from codeq.pipeline.fingerprint import (
     Fingerprint,
-    StaleOutputError,
-    check_recorded,
     stage_fingerprint,
 )
 from codeq.pipeline.policies import (
@@ -181,7 +181,7 @@ def _check_shard_progress(ctx: StageContext, run: StageRun) -> None:
     progress_key = join_key(run.prefix, PROGRESS_NAME)
     saved = ctx.store.list(task_prefix)
     if saved and ctx.store.exists(progress_key):
-        _keep_progress(
+        keep_progress(
             ctx,
             run,
             ctx.store.get_json(progress_key).get("fingerprint"),
@@ -189,20 +189,6 @@ def _check_shard_progress(ctx: StageContext, run: StageRun) -> None:
             f"the {len(saved)} trajectories saved at {ctx.store.describe(task_prefix)}",
         )
     ctx.store.put_json(progress_key, {"fingerprint": run.fingerprint.to_json()})
-
-
-def _keep_progress(ctx: StageContext, run: StageRun, recorded: Any, prefix: str, what: str) -> bool:
-    """A stopped stage's saved progress (`what`, under `prefix`) is kept only under the
-    fingerprint it was made under; under another it is refused, or, forced, discarded."""
-    try:
-        check_recorded(recorded, run.fingerprint, what)
-    except StaleOutputError:
-        if not ctx.force:
-            raise
-        log(f"{run.stage}: forced; discarding {what}, made under another config")
-        ctx.store.delete_prefix(prefix)
-        return False
-    return True
 
 
 def unique_trajectories(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -285,7 +271,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     trained_on = _pairs_policy(ctx, pairs_dir)
     out_dir = ctx.workdir("train")
     progress_prefix = ctx.layout.stage(TRAIN_PROGRESS)
-    resume_from = restore_train_checkpoint(ctx, run, progress_prefix)
+    resume_from = restore_checkpoint(ctx, run, progress_prefix)
     checkpoints = CheckpointTarget(ctx.config.store, progress_prefix, run.fingerprint.to_json())
     log(f"train: DPO with LoRA on {n_pairs} pairs, on (and against) {trained_on.describe()}")
     metrics = train_dpo(
@@ -313,24 +299,6 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 TRAIN_PROGRESS = "train-progress"
-
-
-def restore_train_checkpoint(ctx: StageContext, run: StageRun, prefix: str) -> Path | None:
-    """The last checkpoint a stopped train stage kept, downloaded, if it was made under this
-    stage's fingerprint; one of another config is refused, or, forced, discarded."""
-    from codeq.train.checkpoints import download_latest, latest
-
-    record = latest(ctx.store, prefix)
-    what = f"the train checkpoint at {ctx.store.describe(prefix)}"
-    if record is None or not _keep_progress(ctx, run, record.get("fingerprint"), prefix, what):
-        return None
-    resume_dir = ctx.workdir("train-resume")
-    _empty(resume_dir)
-    checkpoint = download_latest(ctx.store, prefix, resume_dir)
-    log(
-        f"train: resuming from the checkpoint of step {record['step']} at {ctx.store.describe(prefix)}"
-    )
-    return checkpoint
 
 
 def _pairs_policy(ctx: StageContext, pairs_dir: Path) -> Lineage:

@@ -18,6 +18,7 @@ from codeq.pipeline.context import (
     download_tasks,
     finish,
     recorded_shards,
+    restore_checkpoint,
 )
 from codeq.pipeline.policies import base_policy
 from codeq.schemas import Task, Trajectory, read_jsonl, write_json
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from codeq.verifier import Verifier, VerifierTieBreak
 
 STAGE = "verifier"
+PROGRESS = "verifier-progress"  # a stopped verifier stage's last checkpoint
 RECORD = "verifier.json"  # in eval/: which scorer chose the answers, the verifier's AUC
 
 
@@ -51,8 +53,10 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
     round's collect wrote, labelled by all the train tasks' tests (the sandbox runs those a
     search rewarded by visible tests only). With nothing to learn from (every program passed,
     or none did) the marker records `trained: false`, and a stage that asks for the verifier
-    errs or falls back (verifier.fallback)."""
+    errs or falls back (verifier.fallback). A stopped stage resumes training from the last
+    checkpoint it kept in the store (verifier.checkpoint_every_s)."""
     from codeq.pairs import common_policy
+    from codeq.train.checkpoints import CheckpointTarget
     from codeq.verifier import label_unknown, nothing_to_learn, train_verifier, written_programs
 
     prefix = ctx.layout.stage(STAGE)
@@ -85,6 +89,8 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
     base = base_policy(ctx)
     log(f"verifier: learning from {len(programs)} programs on {base.describe()}")
     out_dir = ctx.workdir("verifier-train")
+    progress = ctx.layout.stage(PROGRESS)
+    resume_from = restore_checkpoint(ctx, run, progress)
     metrics = train_verifier(
         programs,
         out_dir,
@@ -92,6 +98,8 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         base=base,
         written_by=common_policy(trajectories),
         round_number=ctx.layout.round,
+        checkpoints=CheckpointTarget(ctx.config.store, progress, run.fingerprint.to_json()),
+        resume_from=resume_from,
     )
     folder = out_dir / "verifier"
     write_json(folder / "metrics.json", metrics)
@@ -101,8 +109,11 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         "programs": metrics["verifier"]["programs"],
         "heldout_auc": metrics["heldout_auc"],
         "base": base.id,
+        "resumed_from_step": metrics["resumed_from_step"],
     }
-    return finish(ctx, run, info)
+    finished = finish(ctx, run, info)
+    ctx.store.delete_prefix(progress)  # the verifier is complete: its checkpoints are spent
+    return finished
 
 
 # ------------------------------------------------------------------------------ using it

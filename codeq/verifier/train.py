@@ -1,11 +1,18 @@
 """Training a verifier: a LoRA and a one-logit score head on the policy's base model, learned
 with binary cross-entropy on (task, program) -> passes all tests (transformers' Trainer on
-`*ForSequenceClassification`, PEFT task type SEQ_CLS, which trains the score head whole)."""
+`*ForSequenceClassification`, PEFT task type SEQ_CLS, which trains the score head whole).
+
+Resumable like DPO (codeq/train/checkpoints.py): every verifier.checkpoint_every_s seconds the
+Trainer writes a checkpoint (LoRA and score head, optimizer, scheduler, random states, step) and
+it is copied to the store; `resume_from` continues from one of those copies at its step.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +20,9 @@ from typing import Any
 
 from codeq.config import CodeQConfig, VerifierConfig
 from codeq.errors import BadInputError, TrainingDivergedError
+from codeq.progress import progress_bar
 from codeq.schemas import Lineage, write_json
+from codeq.train.checkpoints import CheckpointClock, CheckpointTarget, upload_checkpoint
 from codeq.verifier.data import Program, encode, hold_out_tasks, nothing_to_learn
 from codeq.verifier.metrics import rank_auc
 from codeq.verifier.model import (
@@ -50,7 +59,10 @@ def training_arguments(config: VerifierConfig, out_dir: Path, device: str, bf16:
         train_sampling_strategy="group_by_length",
         length_column_name=LENGTH_COLUMN,
         remove_unused_columns=False,  # the collator reads the ids and the label
+        # checkpoints are asked for by time (the callback below), not by step count; only the
+        # newest is kept on disk
         save_strategy="no",
+        save_total_limit=1,
         logging_steps=1,
         report_to="none",
         seed=config.seed,
@@ -73,6 +85,50 @@ def collator(tokenizer: Any) -> Any:
     return collate
 
 
+def checkpoints_callback(every_s: float, target: CheckpointTarget | None) -> Any:
+    """A progress bar over the steps, and a checkpoint every `every_s` seconds of training
+    (none when 0), each copied to `target` when there is one."""
+    from transformers import TrainerCallback
+
+    class PeriodicCheckpoints(TrainerCallback):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.clock = CheckpointClock(every_s)
+            self.bar: Any = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.bar = progress_bar(state.max_steps, "train (verifier)", unit="step")
+            if state.global_step:  # resumed
+                self.bar.update(state.global_step)
+            self.clock.saved()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.bar is not None:
+                self.bar.close()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.bar is not None:
+                self.bar.update(1)
+            if state.global_step < state.max_steps and self.clock.due():
+                control.should_save = True
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if target is not None:
+                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                upload_checkpoint(target, folder, state.global_step)
+                log.info(
+                    "verifier: step %d's checkpoint kept at %s", state.global_step, target.prefix
+                )
+            self.clock.saved()
+
+    return PeriodicCheckpoints()
+
+
+def checkpoint_step(checkpoint_dir: Path) -> int:
+    """The optimizer step a Trainer checkpoint was written at."""
+    state = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())
+    return int(state["global_step"])
+
+
 def train_verifier(
     programs: Sequence[Program],
     out_dir: str | Path,
@@ -81,10 +137,14 @@ def train_verifier(
     base: Lineage,
     written_by: Lineage | None = None,
     round_number: int | None = None,
+    checkpoints: CheckpointTarget | None = None,
+    resume_from: Path | None = None,
 ) -> dict[str, Any]:
     """Train a verifier on labelled `programs` on config.policy.model (whose lineage is
     `base`); write out_dir/verifier/ (adapter, tokenizer, VERIFIER.json) and
-    out_dir/metrics.json, and return the metrics (held-out AUC among them)."""
+    out_dir/metrics.json, and return the metrics (held-out AUC among them). `checkpoints`:
+    where checkpoints are copied as training goes; `resume_from`: a checkpoint folder (one of
+    those copies) to continue from instead of step 0."""
     import torch
     from datasets import Dataset
     from peft import get_peft_model
@@ -132,10 +192,14 @@ def train_verifier(
         args=training_arguments(settings, out_dir, device, dtype == torch.bfloat16),
         train_dataset=Dataset.from_list(rows(train)),
         data_collator=collator(tokenizer),
+        callbacks=[checkpoints_callback(settings.checkpoint_every_s, checkpoints)],
     )
     trainer.remove_callback(PrinterCallback)  # our logger reports, not stdout
+    resumed_step = checkpoint_step(resume_from) if resume_from is not None else None
+    if resume_from is not None:
+        log.info("verifier: resuming at step %d from %s", resumed_step, resume_from)
     started = time.perf_counter()
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
     if not math.isfinite(result.training_loss):
         raise TrainingDivergedError(
@@ -167,6 +231,7 @@ def train_verifier(
         max_length=settings.max_length,
     )
     (folder / VERIFIER_FILE).write_text(info.model_dump_json(indent=1), encoding="utf-8")
+    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # spent; frees the scratch
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     metrics = {
         "trained": True,
@@ -174,6 +239,7 @@ def train_verifier(
         "base_model": source,
         "device": device,
         "global_steps": trainer.state.global_step,
+        "resumed_from_step": resumed_step,
         "train_loss": result.training_loss,
         "train_seconds": round(seconds, 2),
         "heldout_auc": heldout_auc,
