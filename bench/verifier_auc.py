@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import shlex
 import shutil
 import sys
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_loss": trained["train_loss"],
         "global_steps": trained["global_steps"],
         "resumed_from_step": trained["resumed_from_step"],
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "seconds": {
             "train": round(train_seconds, 1),
             "score_validation": round(time.perf_counter() - scored, 1),

@@ -10,9 +10,10 @@ Left out on purpose: where things are stored (store.*, work_dir, policy.cache_di
 that change only speed, memory or logging and never what a stage computes: policy.device,
 batch_size, prefix_cache_tokens, cpu_threads; sandbox.backend, runsc_path, workers;
 search.parallel_trees, search.deterministic; train.gradient_checkpointing, eval_steps,
-checkpoint_every_s and verifier.checkpoint_every_s (a resumed train continues the same run),
-report_to; evaluate.confidence (the report recomputes intervals); promotion.patience (it decides
-whether a next round starts, not what a round computes).
+checkpoint_every_s (a resumed train continues the same run), report_to;
+verifier.gradient_checkpointing, checkpoint_every_s; evaluate.confidence (the report recomputes
+intervals); promotion.patience (it decides whether a next round starts, not what a round
+computes).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ def training_arguments(config: VerifierConfig, out_dir: Path, device: str, bf16:
         max_steps=config.max_steps,
         bf16=bf16,
         use_cpu=device == "cpu",
+        activation_checkpointing=config.gradient_checkpointing,
         train_sampling_strategy="group_by_length",
         length_column_name=LENGTH_COLUMN,
         remove_unused_columns=False,  # the collator reads the ids and the label
