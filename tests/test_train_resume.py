@@ -11,11 +11,8 @@ from codeq.config import StoreConfig
 from codeq.schemas import write_jsonl
 from codeq.store import FileStore
 from codeq.train.checkpoints import CheckpointTarget, download_latest, latest
+from tests.preemption import preempted_after_checkpoint
 from tests.test_train import make_pairs, tiny_config
-
-
-class Preempted(Exception):
-    """Stands in for the pod being killed right after a checkpoint reached the store."""
 
 
 def resume_config(model_dir: Path, every_s: float):
@@ -54,17 +51,8 @@ def test_a_stopped_run_resumes_from_the_store_and_matches_an_uninterrupted_one(
     assert latest(FileStore(store_root), "run/train-progress") is None
     assert not list((tmp_path / "whole" / "checkpoints").glob("checkpoint-*"))
 
-    real_upload = dpo.upload_checkpoint
-
-    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
-        real_upload(target, checkpoint_dir, step)
-        if step == 2:
-            raise Preempted
-
-    monkeypatch.setattr(dpo, "upload_checkpoint", upload_then_stop_at_step_2)
-    with pytest.raises(Preempted):
+    with preempted_after_checkpoint(monkeypatch, dpo, step=2):
         train_dpo(pairs_path, tmp_path / "stopped", config, checkpoints=target)
-    monkeypatch.setattr(dpo, "upload_checkpoint", real_upload)
 
     store = FileStore(store_root)
     assert latest(store, "run/train-progress")["step"] == 2

@@ -19,6 +19,7 @@ from codeq.verifier import (
     train_verifier,
     written_programs,
 )
+from tests.preemption import preempted_after_checkpoint
 
 BUGGY = "class Solution:\n    def add(self, a, b):\n        return a - b\n"
 # what a variant returns -> whether it passes all tests (a constant 3 passes the visible one)
@@ -225,10 +226,6 @@ def test_the_tie_break_scores_only_the_rewrites_tied_at_the_top() -> None:
     assert len(fake.asked) == 2 and tie_break.decided == 1  # one best program: nothing to ask
 
 
-class Preempted(Exception):
-    """Stands in for the pod being killed right after a checkpoint reached the store."""
-
-
 def test_a_stopped_verifier_resumes_from_the_store_and_matches_an_uninterrupted_one(
     tmp_path, tiny_model_dir, monkeypatch
 ) -> None:
@@ -247,19 +244,10 @@ def test_a_stopped_verifier_resumes_from_the_store_and_matches_an_uninterrupted_
     assert latest(FileStore(tmp_path / "store"), "progress") is None
 
     config = verifier_config(tiny_model_dir, max_steps=4, checkpoint_every_s=1e-9)
-    real_upload = verifier_train.upload_checkpoint
-
-    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
-        real_upload(target, checkpoint_dir, step)
-        if step == 2:
-            raise Preempted
-
-    monkeypatch.setattr(verifier_train, "upload_checkpoint", upload_then_stop_at_step_2)
-    with pytest.raises(Preempted):
+    with preempted_after_checkpoint(monkeypatch, verifier_train, step=2):
         train_verifier(
             programs, tmp_path / "stopped", config, base=base_of(config), checkpoints=target
         )
-    monkeypatch.setattr(verifier_train, "upload_checkpoint", real_upload)
     assert not (tmp_path / "stopped" / "verifier").exists()
 
     checkpoint = download_latest(FileStore(tmp_path / "store"), "progress", tmp_path / "down")

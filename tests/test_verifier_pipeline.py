@@ -34,6 +34,7 @@ from codeq.schemas import (
     write_jsonl,
 )
 from codeq.store import RoundLayout, open_store
+from tests.preemption import preempted_after_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = RoundLayout("default", 0)
@@ -366,22 +367,10 @@ def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(
     from codeq.pipeline.verifier import PROGRESS
     from codeq.train.checkpoints import latest
 
-    class Preempted(Exception):
-        pass
-
     store = collected_store(tmp_path, tiny_model_dir)
     short = {"verifier": {"max_steps": 4, "checkpoint_every_s": 1e-9}}
-    real_upload = verifier_train.upload_checkpoint
-
-    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
-        real_upload(target, checkpoint_dir, step)
-        if step == 2:
-            raise Preempted
-
-    monkeypatch.setattr(verifier_train, "upload_checkpoint", upload_then_stop_at_step_2)
-    with pytest.raises(Preempted):
+    with preempted_after_checkpoint(monkeypatch, verifier_train, step=2):
         verifier_stage(context(store, tmp_path / "pod-1", tiny_model_dir, **short))
-    monkeypatch.setattr(verifier_train, "upload_checkpoint", real_upload)
     assert latest(store, LAYOUT.stage(PROGRESS))["step"] == 2
     assert not store.is_complete(LAYOUT.stage("verifier"))
 
@@ -397,9 +386,6 @@ def test_the_bench_resumes_a_stopped_run_and_refuses_another_runs_checkpoint(
 ):
     import codeq.verifier.train as verifier_train
 
-    class Killed(Exception):
-        pass
-
     collected_store(tmp_path, tiny_model_dir)
     evaluation = tmp_path / "store" / LAYOUT.stage("eval") / "candidate" / "validation"
     write_jsonl(evaluation / "trajectories-bon.jsonl", [])
@@ -408,17 +394,8 @@ def test_the_bench_resumes_a_stopped_run_and_refuses_another_runs_checkpoint(
     argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "1"]
     argv += ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "auc.json")]
     argv += ["--checkpoint-every-s", "1e-9"]
-    real_upload = verifier_train.upload_checkpoint
-
-    def upload_then_stop_at_step_2(target, checkpoint_dir, step):
-        real_upload(target, checkpoint_dir, step)
-        if step == 2:
-            raise Killed
-
-    monkeypatch.setattr(verifier_train, "upload_checkpoint", upload_then_stop_at_step_2)
-    with pytest.raises(Killed):
+    with preempted_after_checkpoint(monkeypatch, verifier_train, step=2):
         bench.main(argv)
-    monkeypatch.setattr(verifier_train, "upload_checkpoint", real_upload)
     with pytest.raises(SystemExit, match="made with other arguments \\(learning_rate\\)"):
         bench.main([*argv, "--learning-rate", "5e-3"])
     assert bench.main(argv) == 0
