@@ -46,8 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     "codeq.evaluate": FOUNDATION | SEARCHING | {"codeq.search", "codeq.shards"},
     "codeq.promotion": FOUNDATION | {"codeq.config", "codeq.evaluate", "codeq.schemas"},
     "codeq.verifier": FOUNDATION
-    | {"codeq.config", "codeq.policy", "codeq.progress", "codeq.schemas", "codeq.tasks"}
-    | {"codeq.train"},
+    | {"codeq.config", "codeq.policy", "codeq.schemas", "codeq.tasks", "codeq.train"},
 }
 LIBRARY = set(ALLOWED)
 # the round against a store, then the two entry points over it

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import StoreConfig
+from codeq.progress import progress_bar
 from codeq.store import ArtifactStore, join_key, open_store
 
 LATEST_NAME = "LATEST.json"
@@ -67,6 +68,15 @@ class CheckpointClock:
 
     def saved(self) -> None:
         self.last = time.monotonic()
+
+
+def steps_bar(state: Any, desc: str) -> Any:
+    """A progress bar over a Trainer's optimizer steps (on the main process only), starting
+    at the step a resumed run continues from."""
+    bar = progress_bar(state.max_steps, desc, unit="step", enabled=state.is_world_process_zero)
+    if state.global_step:
+        bar.update(state.global_step)
+    return bar
 
 
 def latest(store: ArtifactStore, prefix: str) -> dict[str, Any] | None:

@@ -32,13 +32,13 @@ from typing import Any
 from codeq.config import CodeQConfig, TrainConfig, VerifierConfig
 from codeq.errors import BadInputError, ConfigError, TrainingDivergedError
 from codeq.policy.source import resolve_model_source
-from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Pair, read_jsonl, write_json
 from codeq.train.checkpoints import (
     BEST_ADAPTER_NAME,
     CheckpointClock,
     CheckpointTarget,
     read_rank_state,
+    steps_bar,
     upload_checkpoint,
     write_rank_state,
 )
@@ -287,11 +287,7 @@ def _make_callback(
             self.clock = CheckpointClock(every_s)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar = progress_bar(
-                state.max_steps, "train (DPO)", unit="step", enabled=state.is_world_process_zero
-            )
-            if state.global_step:  # resumed
-                self.bar.update(state.global_step)
+            self.bar = steps_bar(state, "train (DPO)")
             self.clock.saved()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -20,9 +20,13 @@ from typing import Any
 
 from codeq.config import CodeQConfig, VerifierConfig
 from codeq.errors import BadInputError, TrainingDivergedError
-from codeq.progress import progress_bar
 from codeq.schemas import Lineage, write_json
-from codeq.train.checkpoints import CheckpointClock, CheckpointTarget, upload_checkpoint
+from codeq.train.checkpoints import (
+    CheckpointClock,
+    CheckpointTarget,
+    steps_bar,
+    upload_checkpoint,
+)
 from codeq.verifier.data import Program, encode, hold_out_tasks, nothing_to_learn
 from codeq.verifier.metrics import rank_auc
 from codeq.verifier.model import (
@@ -97,9 +101,7 @@ def checkpoints_callback(every_s: float, target: CheckpointTarget | None) -> Any
             self.bar: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar = progress_bar(state.max_steps, "train (verifier)", unit="step")
-            if state.global_step:  # resumed
-                self.bar.update(state.global_step)
+            self.bar = steps_bar(state, "train (verifier)")
             self.clock.saved()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
