@@ -70,6 +70,12 @@ class CheckpointClock:
         self.last = time.monotonic()
 
 
+def checkpoint_step(checkpoint_dir: Path) -> int:
+    """The optimizer step a Trainer checkpoint was written at."""
+    state = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())
+    return int(state["global_step"])
+
+
 def steps_bar(state: Any, desc: str) -> Any:
     """A progress bar over a Trainer's optimizer steps (on the main process only), starting
     at the step a resumed run continues from."""

@@ -37,6 +37,7 @@ from codeq.train.checkpoints import (
     BEST_ADAPTER_NAME,
     CheckpointClock,
     CheckpointTarget,
+    checkpoint_step,
     read_rank_state,
     steps_bar,
     upload_checkpoint,
@@ -590,11 +591,6 @@ def train_dpo(
     return train_in_this_process(pairs, out_dir, config, checkpoints, resume_from)
 
 
-def _trainer_step_of(checkpoint_dir: Path) -> int:
-    state = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())
-    return int(state["global_step"])
-
-
 def _sum_over_ranks(trainer: Any, meter: PaddingMeter) -> None:
     """Each rank metered its own batches: the meter then counts every rank's."""
     import torch
@@ -624,7 +620,7 @@ def train_in_this_process(
     policy = common_pair_policy(pairs)
     prepared = build_trainer(pairs, out_dir, config, checkpoints)
     trainer, callback, tokenizer = prepared.trainer, prepared.callback, prepared.tokenizer
-    resumed_step = _trainer_step_of(resume_from) if resume_from is not None else None
+    resumed_step = checkpoint_step(resume_from) if resume_from is not None else None
     if resume_from is not None:
         callback.restore(resume_from, this_rank())
         log.info("resuming DPO at step %d from %s", resumed_step, resume_from)

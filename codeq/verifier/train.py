@@ -9,7 +9,6 @@ it is copied to the store; `resume_from` continues from one of those copies at i
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -24,6 +23,7 @@ from codeq.schemas import Lineage, write_json
 from codeq.train.checkpoints import (
     CheckpointClock,
     CheckpointTarget,
+    checkpoint_step,
     steps_bar,
     upload_checkpoint,
 )
@@ -124,12 +124,6 @@ def checkpoints_callback(every_s: float, target: CheckpointTarget | None) -> Any
             self.clock.saved()
 
     return PeriodicCheckpoints()
-
-
-def checkpoint_step(checkpoint_dir: Path) -> int:
-    """The optimizer step a Trainer checkpoint was written at."""
-    state = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())
-    return int(state["global_step"])
 
 
 def train_verifier(
