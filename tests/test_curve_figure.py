@@ -3,25 +3,17 @@ quotes come out of the per-task files, and the figure is written."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from test_bench import load_bench
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "curve_figure", REPO / "bench" / "curve_figure.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-curve_figure = load_script()
+curve_figure = load_bench("curve_figure")
 
 
 def test_the_whole_split_curve_promotes_round_1_on_validation_and_gains_on_test() -> None:

@@ -5,26 +5,14 @@ in docs/results/paired-tests.md and docs/results.md are the script's."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
+from test_bench import load_bench
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "paired_tests", REPO / "bench" / "paired_tests.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-paired_tests = load_script()
+# load_bench registers it in sys.modules: its dataclasses look their module up while it loads
+paired_tests = load_bench("paired_tests")
 
 
 def checked():

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from test_bench import load_bench
 from test_verifier import EXPRESSIONS, make_task, variant
 
 from codeq.config import StoreConfig, load_config
@@ -318,17 +319,6 @@ def test_a_round_runs_the_verifier_after_collect_only_when_enabled():
     assert enabled == [*STAGES[:2], "verifier", *STAGES[2:]]
 
 
-def load_bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "verifier_auc", REPO / "bench" / "verifier_auc.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_path, tiny_model_dir):
     """bench/verifier_auc.py on a tiny store: trains on the round's collect, scores the
     validation rewrites of its evaluation, each labelled by running it on all its tests."""
@@ -344,7 +334,7 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     write_jsonl(folder / "trajectories-bon.jsonl", answers)
     write_jsonl(folder / "trajectories-bon.partial.jsonl", answers[:1])  # resume state: not read
     store.put_dir(LAYOUT.stage("eval"), tmp_path / "eval")
-    bench = load_bench()
+    bench = load_bench("verifier_auc")
     out = tmp_path / "auc.json"
     argv = ["--store", str(tmp_path / "store"), "--train-run", "default", "--eval-run", "default"]
     argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "12"]
@@ -389,7 +379,7 @@ def test_the_bench_resumes_a_stopped_run_and_refuses_another_runs_checkpoint(
     collected_store(tmp_path, tiny_model_dir)
     evaluation = tmp_path / "store" / LAYOUT.stage("eval") / "candidate" / "validation"
     write_jsonl(evaluation / "trajectories-bon.jsonl", [])
-    bench = load_bench()
+    bench = load_bench("verifier_auc")
     argv = ["--store", str(tmp_path / "store"), "--train-run", "default", "--eval-run", "default"]
     argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "1"]
     argv += ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "auc.json")]
