@@ -163,6 +163,12 @@ def recorded_shards(ctx: StageContext, prefix: str) -> list[int]:
     )
 
 
+def empty_folder(folder: Path) -> None:
+    """`folder`, made again empty."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+
+
 def keep_progress(ctx: StageContext, run: StageRun, recorded: Any, prefix: str, what: str) -> bool:
     """A stopped stage's saved progress (`what`, under `prefix`) is kept only under the
     fingerprint it was made under; under another it is refused, or, forced, discarded."""
@@ -188,8 +194,7 @@ def restore_checkpoint(ctx: StageContext, run: StageRun, prefix: str) -> Path | 
     if record is None or not keep_progress(ctx, run, record.get("fingerprint"), prefix, what):
         return None
     resume_dir = ctx.workdir(f"{run.stage}-resume")
-    shutil.rmtree(resume_dir, ignore_errors=True)
-    resume_dir.mkdir(parents=True)
+    empty_folder(resume_dir)
     checkpoint = download_latest(ctx.store, prefix, resume_dir)
     log(
         f"{run.stage}: resuming from the checkpoint of step {record['step']} at "

@@ -12,7 +12,6 @@ stage's wall time.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from codeq.pipeline.context import (
     StageContext,
     StageRun,
     completed_shards,
+    empty_folder,
     keep_progress,
     restore_checkpoint,
 )
@@ -374,7 +374,7 @@ def evaluate_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1
         return _evaluate_shard(ctx, run, inputs, shard_index, shard_count)
     out_dir = ctx.workdir("eval")
     if run.replacing:  # forced: do not resume the evaluation being replaced
-        _empty(out_dir)
+        empty_folder(out_dir)
     policies, summary = _evaluate_policies(ctx, out_dir)
     summary.update(_record_verifier(ctx, _download_tasks(ctx), out_dir))
     write_json(out_dir / "summary.json", summary)
@@ -397,11 +397,6 @@ def _eval_inputs(ctx: StageContext) -> dict[str, str]:
     if uses_verifier(ctx.config):  # it breaks ties among answers, its AUC is recorded
         inputs["verifier"] = ctx.layout.stage("verifier")
     return _policy_inputs(ctx, **inputs)
-
-
-def _empty(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
 
 
 def _evaluate_policies(
@@ -477,7 +472,7 @@ def _evaluate_shard(
     if not run.skipped:
         out_dir = ctx.workdir(f"eval-shard-{index}")
         if run.replacing or merged.replacing:
-            _empty(out_dir)
+            empty_folder(out_dir)
         policies, summary = _evaluate_policies(ctx, out_dir, (index, count))
         ctx.store.put_dir(prefix, out_dir)
         info = {"shard_index": index, "shard_count": count, "policies": list(policies)}
@@ -539,11 +534,11 @@ def merge_eval_shards(ctx: StageContext, count: int, run: StageRun | None = None
         prefix = eval_shard_prefix(ctx, index)
         markers.append(ctx.store.marker(prefix))
         folder = ctx.workdir(f"eval-merge/shard-{index}")
-        _empty(folder)
+        empty_folder(folder)
         ctx.store.get_dir(prefix, folder)
         folders.append(folder)
     out_dir = ctx.workdir("eval-merge/eval")
-    _empty(out_dir)
+    empty_folder(out_dir)
     policies: list[str] = markers[0]["policies"]
     summary: dict[str, Any] = {}
     for role in policies:
