@@ -35,7 +35,15 @@ sys.path.insert(0, str(REPO))
 from codeq.config import CodeQConfig  # noqa: E402
 from codeq.pairs import read_trajectories  # noqa: E402
 from codeq.schemas import Task, Trajectory, read_jsonl  # noqa: E402
-from codeq.verifier import Program, Verifier, rank_auc, train_verifier, written_programs  # noqa: E402
+from codeq.verifier import (  # noqa: E402
+    Program,
+    Verifier,
+    auc_interval,
+    rank_auc,
+    train_verifier,
+    within_task_auc,
+    written_programs,
+)
 from codeq.verifier.data import hold_out_tasks  # noqa: E402
 from codeq.verifier.metrics import evaluation_programs  # noqa: E402
 
@@ -97,12 +105,76 @@ def critique_auc(programs: list[Program], trajectories: list[Trajectory]) -> dic
             if node.q_ai is not None and key in wanted:
                 scores.setdefault(key, []).append(node.q_ai)
     keys = sorted(scores)
-    auc = rank_auc([sum(scores[k]) / len(scores[k]) for k in keys], [wanted[k] for k in keys])
-    return {"auc": auc, "programs": len(keys)}
+    means = [sum(scores[k]) / len(scores[k]) for k in keys]
+    labels = [wanted[k] for k in keys]
+    return {
+        "auc": rank_auc(means, labels),
+        "within_task": within_task_auc([k[0] for k in keys], means, labels),
+        "programs": len(keys),
+    }
+
+
+def passes_visible(task: Task, verdict: Any) -> bool:
+    """Whether a verdict on all the task's tests (visible first) passed the visible ones."""
+    visible = verdict.tests[: len(task.visible_tests)]
+    return len(visible) == len(task.visible_tests) and all(test.passed for test in visible)
+
+
+def ranking(
+    task_ids: list[str], scores: list[float], labels: list[bool], visible: list[bool]
+) -> dict[str, Any]:
+    """The AUC with a task-resampled 95% interval, the AUC within tasks, and the AUC within
+    tasks among the programs that pass their visible tests (the answers a tie-break chooses
+    among), with every program's score."""
+    among = [i for i, passed in enumerate(visible) if passed]
+    return {
+        "programs": len(scores),
+        "passing": sum(labels),
+        "passing_visible": len(among),
+        "auc": rank_auc(scores, labels),
+        "auc_interval_95": auc_interval(task_ids, scores, labels),
+        "within_task": within_task_auc(task_ids, scores, labels),
+        "within_task_passing_visible": within_task_auc(
+            [task_ids[i] for i in among], [scores[i] for i in among], [labels[i] for i in among]
+        ),
+        "scores": [
+            {"task_id": task_id, "passed": label, "passed_visible": seen, "score": round(score, 4)}
+            for task_id, label, seen, score in zip(task_ids, labels, visible, scores, strict=True)
+        ],
+    }
+
+
+def collect_verdicts(trajectories: list[Trajectory]) -> dict[tuple[str, str], Any]:
+    """Each written program's verdict on all its task's tests, by (task id, program)."""
+    return {
+        (trajectory.task_id, node.program.strip()): node.verdict
+        for trajectory in trajectories
+        if trajectory.reward_tests == "all"
+        for node in trajectory.nodes[1:]
+        if node.verdict is not None
+    }
 
 
 # arguments that change nothing the run computes: a checkpoint made under others is resumed
 NOT_FINGERPRINTED = {"threads", "work", "json", "checkpoint_every_s"}
+TRAINED_BY = "BENCH_ARGS.json"  # in <work>/verifier: the arguments that trained it
+
+
+def fingerprint_of(args: argparse.Namespace) -> dict[str, str]:
+    return {k: str(v) for k, v in vars(args).items() if k not in NOT_FINGERPRINTED}
+
+
+def trained_earlier(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The training summary of a verifier this command already trained in --work (the same
+    arguments), so that scoring again does not train again; None when there is none."""
+    record = args.work / "verifier" / TRAINED_BY
+    metrics = args.work / "metrics.json"
+    if not record.is_file() or not metrics.is_file():
+        return None
+    if json.loads(record.read_text()) != fingerprint_of(args):
+        return None
+    print(f"reusing the verifier this command trained in {args.work / 'verifier'}", flush=True)
+    return json.loads(metrics.read_text())
 
 
 def checkpoint_target(args: argparse.Namespace) -> Any:
@@ -111,7 +183,7 @@ def checkpoint_target(args: argparse.Namespace) -> Any:
     from codeq.config import StoreConfig
     from codeq.train.checkpoints import CheckpointTarget
 
-    fingerprint = {k: str(v) for k, v in vars(args).items() if k not in NOT_FINGERPRINTED}
+    fingerprint = fingerprint_of(args)
     store = StoreConfig(uri=f"file://{(args.work / 'progress').resolve()}")
     return CheckpointTarget(store, "verifier-progress", fingerprint)
 
@@ -173,17 +245,21 @@ def main(argv: list[str] | None = None) -> int:
     written = written_programs(trajectories, train_tasks, config.verifier.max_programs_per_task)
     programs = sample(written, args.max_train_programs, args.seed)
     base = base_lineage(config.policy)
-    target = checkpoint_target(args)
-    trained = train_verifier(
-        programs,
-        args.work,
-        config,
-        base=base,
-        round_number=args.round,
-        checkpoints=target,
-        resume_from=resume_point(target, args),
-    )
-    shutil.rmtree(args.work / "progress", ignore_errors=True)  # trained: its checkpoints are spent
+    trained = trained_earlier(args)
+    reused = trained is not None
+    if trained is None:
+        target = checkpoint_target(args)
+        trained = train_verifier(
+            programs,
+            args.work,
+            config,
+            base=base,
+            round_number=args.round,
+            checkpoints=target,
+            resume_from=resume_point(target, args),
+        )
+        shutil.rmtree(args.work / "progress", ignore_errors=True)  # trained: checkpoints spent
+        (args.work / "verifier" / TRAINED_BY).write_text(json.dumps(fingerprint_of(args)))
     train_seconds = time.perf_counter() - started
 
     _, held_out = hold_out_tasks(programs, args.eval_fraction, args.seed)
@@ -193,10 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     items = sample(items, args.max_validation_programs, args.seed)
     with Sandbox(config.sandbox) as sandbox:
-        labels = [verdict.passed for verdict in score_programs(items, "all", sandbox)]
+        verdicts = score_programs(items, "all", sandbox)
+    labels = [verdict.passed for verdict in verdicts]
     verifier = Verifier.load(args.work / "verifier", config, base)
     scored = time.perf_counter()
     scores = verifier.score(items)
+    written_verdicts = collect_verdicts(trajectories)
+    held_out_verdicts = [written_verdicts[(p.task.task_id, p.program.strip())] for p in held_out]
+    held_out_scores = verifier.score([(p.task, p.program) for p in held_out])
     result = {
         "command": "python bench/verifier_auc.py "
         + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -209,24 +289,28 @@ def main(argv: list[str] | None = None) -> int:
             "held_out": len(held_out),
         },
         "heldout_auc": trained["heldout_auc"],
+        "heldout": ranking(
+            [p.task.task_id for p in held_out],
+            held_out_scores,
+            [bool(p.passed) for p in held_out],
+            [passes_visible(p.task, v) for p, v in zip(held_out, held_out_verdicts, strict=True)],
+        ),
         "critique_heldout": critique_auc(held_out, trajectories),
         "critique_all_train": critique_auc(programs, trajectories),
-        "validation": {
-            "programs": len(items),
-            "passing": sum(labels),
-            "auc": rank_auc(scores, labels),
-            "scores": [
-                {"task_id": task.task_id, "passed": label, "score": round(score, 4)}
-                for (task, _), label, score in zip(items, labels, scores, strict=True)
-            ],
-        },
+        "validation": ranking(
+            [task.task_id for task, _ in items],
+            scores,
+            labels,
+            [passes_visible(task, v) for (task, _), v in zip(items, verdicts, strict=True)],
+        ),
         "train_loss": trained["train_loss"],
+        "reused_trained_verifier": reused,
         "global_steps": trained["global_steps"],
         "resumed_from_step": trained["resumed_from_step"],
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "seconds": {
-            "train": round(train_seconds, 1),
-            "score_validation": round(time.perf_counter() - scored, 1),
+            "train": round(trained["train_seconds"] if reused else train_seconds, 1),
+            "score": round(time.perf_counter() - scored, 1),
             "total": round(time.perf_counter() - started, 1),
         },
     }

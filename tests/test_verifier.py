@@ -194,6 +194,37 @@ def test_rank_auc_counts_ties_half_and_needs_both_labels() -> None:
     assert rank_auc([0.2], [True]) is None
 
 
+def test_the_within_task_auc_ignores_telling_easy_tasks_from_hard_ones() -> None:
+    from codeq.verifier import within_task_auc
+
+    # solved tasks score high and unsolved ones low, but within the one mixed task the failing
+    # program outscores the passing one: the plain AUC is high, a choice within a task is wrong
+    tasks = ["solved", "solved too", "failed", "failed too", "mixed", "mixed"]
+    scores = [0.9, 0.85, 0.1, 0.15, 0.5, 0.6]
+    labels = [True, True, False, False, True, False]
+    assert rank_auc(scores, labels) == 8 / 9
+    assert within_task_auc(tasks, scores, labels) == {"auc": 0.0, "tasks": 1, "pairs": 1}
+    assert within_task_auc(tasks, [*scores[:4], 0.6, 0.5], labels)["auc"] == 1.0
+    assert within_task_auc(tasks, [*scores[:4], 0.5, 0.5], labels)["auc"] == 0.5
+    assert within_task_auc(tasks[:4], scores[:4], labels[:4]) == {
+        "auc": None,
+        "tasks": 0,
+        "pairs": 0,
+    }
+
+
+def test_the_auc_interval_resamples_tasks_and_holds_the_estimate() -> None:
+    from codeq.verifier import auc_interval
+
+    tasks = [f"t{i // 3}" for i in range(60)]
+    labels = [i % 3 == 0 for i in range(60)]
+    scores = [(0.6 if label else 0.4) + (i % 7) / 20 for i, label in enumerate(labels)]
+    low, high = auc_interval(tasks, scores, labels, draws=400)
+    assert low <= rank_auc(scores, labels) <= high and low < high
+    assert auc_interval(tasks, scores, labels, draws=400) == (low, high)  # seeded
+    assert auc_interval(["a"], [0.3], [True]) is None
+
+
 class FakeVerifier:
     """Scores from a table; records what it was asked to score."""
 

@@ -240,6 +240,14 @@ def test_the_verifier_chooses_among_answers_tied_on_the_visible_tests(
     text = (report.parent / "report.md").read_text()
     assert "## Learned verifier" in text and "chose among answers tied" in text
     assert f"{validation['auc']:.3f} over {2 * len(VALIDATION)} programs" in text
+    within = validation["within_task"]
+    assert within["tasks"] == len(VALIDATION)  # each task: one passing and one failing answer
+    assert f"{within['pairs']} passing/failing pairs of {within['tasks']} tasks" in text
+
+    # a record made before the within-task AUC was measured still renders
+    older = {**record, "validation": {k: v for k, v in validation.items() if k != "within_task"}}
+    report = render_report(root / "report-older", results=verifier.model_dump(), verifier=older)
+    assert "– over 0 passing/failing pairs" in (report.parent / "report.md").read_text()
 
 
 def test_a_round_without_its_verifier_stops_naming_the_lineage(tmp_path, tiny_model_dir):
@@ -347,7 +355,19 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     validation = result["validation"]
     assert (validation["programs"], validation["passing"]) == (2 * len(VALIDATION), len(VALIDATION))
     assert validation["auc"] >= 0.8
+    low, high = validation["auc_interval_95"]
+    assert low <= validation["auc"] <= high
+    assert validation["within_task"]["tasks"] == len(VALIDATION)
+    assert result["heldout"]["programs"] == result["train_programs"]["held_out"]
+    assert result["heldout"]["auc"] == result["heldout_auc"]
     assert result["critique_heldout"]["auc"] == 0.0  # the toy critique is the wrong way round
+    assert not result["reused_trained_verifier"]
+
+    # scoring again reuses the verifier the same arguments trained, and scores it the same
+    assert bench.main(argv) == 0
+    again = json.loads(out.read_text())
+    assert again["reused_trained_verifier"] and again["validation"] == validation
+    assert again["heldout"] == result["heldout"]
 
 
 def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(

@@ -134,6 +134,7 @@ def verifier_summary(record: dict[str, Any]) -> dict[str, Any]:
     """The report's view of eval/verifier.json: what chose among tied answers, and the learned
     verifier's AUC on the validation rewrites (the self-critique's beside it)."""
     validation = record.get("validation") or {}
+    within = validation.get("within_task") or {}  # absent in records before it was measured
     info = record.get("verifier") or {}
     return {
         "tie_break": record.get("tie_break"),
@@ -145,6 +146,11 @@ def verifier_summary(record: dict[str, Any]) -> dict[str, Any]:
         "validation_auc": validation.get("auc"),
         "validation_programs": validation.get("programs"),
         "validation_passing": validation.get("passing"),
+        "within_task": {
+            "auc": within.get("auc"),
+            "pairs": within.get("pairs", 0),
+            "tasks": within.get("tasks", 0),
+        },
         "critique_auc": validation.get("critique_auc"),
         "critiqued_programs": validation.get("critiqued_programs"),
     }

@@ -3,7 +3,7 @@ program), a LoRA sequence classifier on the policy's base model trained on the p
 round wrote; used as Q_ai in pairs, to break ties among final answers, and in search."""
 
 from codeq.verifier.data import Program, label_unknown, nothing_to_learn, written_programs
-from codeq.verifier.metrics import program_auc, rank_auc
+from codeq.verifier.metrics import auc_interval, program_auc, rank_auc, within_task_auc
 from codeq.verifier.model import Verifier, VerifierInfo, VerifierTieBreak, read_info
 from codeq.verifier.train import train_verifier
 
@@ -12,11 +12,13 @@ __all__ = [
     "Verifier",
     "VerifierInfo",
     "VerifierTieBreak",
+    "auc_interval",
     "label_unknown",
     "nothing_to_learn",
     "program_auc",
     "rank_auc",
     "read_info",
     "train_verifier",
+    "within_task_auc",
     "written_programs",
 ]

@@ -3,8 +3,10 @@ evaluation wrote (validation rewrites), each labelled by running it on all its t
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from codeq.schemas import Task, Trajectory
@@ -22,6 +24,58 @@ def rank_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
         below = bisect_left(negatives, score)
         wins += below + 0.5 * (bisect_right(negatives, score) - below)
     return wins / (len(positives) * len(negatives))
+
+
+def within_task_auc(
+    groups: Sequence[Hashable], scores: Sequence[float], labels: Sequence[bool]
+) -> dict[str, Any]:
+    """The chance that a passing program outscores a failing one *of the same task* (ties half),
+    pooled over every such pair: what choosing among one task's candidates needs. The plain AUC
+    also rewards telling easy tasks from hard ones, which no choice within a task uses."""
+    by_group: dict[Hashable, list[tuple[float, bool]]] = defaultdict(list)
+    for group, score, label in zip(groups, scores, labels, strict=True):
+        by_group[group].append((score, bool(label)))
+    wins = 0.0
+    pairs = tasks = 0
+    for members in by_group.values():
+        passing = [score for score, label in members if label]
+        failing = [score for score, label in members if not label]
+        if not passing or not failing:
+            continue
+        tasks += 1
+        pairs += len(passing) * len(failing)
+        wins += sum((p > f) + 0.5 * (p == f) for p in passing for f in failing)
+    return {"auc": wins / pairs if pairs else None, "tasks": tasks, "pairs": pairs}
+
+
+def auc_interval(
+    groups: Sequence[Hashable],
+    scores: Sequence[float],
+    labels: Sequence[bool],
+    *,
+    level: float = 0.95,
+    draws: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of `rank_auc`, resampling whole tasks (a task's programs
+    are not independent of each other); None without both labels."""
+    by_group: dict[Hashable, list[tuple[float, bool]]] = defaultdict(list)
+    for group, score, label in zip(groups, scores, labels, strict=True):
+        by_group[group].append((score, bool(label)))
+    keys = list(by_group)
+    rng = random.Random(seed)
+    values = []
+    for _ in range(draws):
+        members = [m for key in rng.choices(keys, k=len(keys)) for m in by_group[key]]
+        value = rank_auc([s for s, _ in members], [lab for _, lab in members])
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None
+    values.sort()
+    tail = (1.0 - level) / 2
+    high = min(len(values) - 1, int((1 - tail) * len(values)))
+    return values[int(tail * len(values))], values[high]
 
 
 def evaluation_programs(
@@ -64,8 +118,10 @@ def program_auc(
         for (task, program), label in zip(items, labels, strict=True)
         if (found := critiques.get((task.task_id, program)))
     ]
+    task_ids = [task.task_id for task, _ in items]
     return {
         "auc": rank_auc(scores, labels),
+        "within_task": within_task_auc(task_ids, scores, labels),
         "programs": len(items),
         "passing": sum(labels),
         "failing": len(labels) - sum(labels),
