@@ -26,25 +26,32 @@ def rank_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     return wins / (len(positives) * len(negatives))
 
 
+def _by_task(
+    groups: Sequence[Hashable], scores: Sequence[float], labels: Sequence[bool]
+) -> dict[Hashable, list[tuple[float, bool]]]:
+    by_group: dict[Hashable, list[tuple[float, bool]]] = defaultdict(list)
+    for group, score, label in zip(groups, scores, labels, strict=True):
+        by_group[group].append((score, bool(label)))
+    return by_group
+
+
 def within_task_auc(
     groups: Sequence[Hashable], scores: Sequence[float], labels: Sequence[bool]
 ) -> dict[str, Any]:
     """The chance that a passing program outscores a failing one *of the same task* (ties half),
     pooled over every such pair: what choosing among one task's candidates needs. The plain AUC
     also rewards telling easy tasks from hard ones, which no choice within a task uses."""
-    by_group: dict[Hashable, list[tuple[float, bool]]] = defaultdict(list)
-    for group, score, label in zip(groups, scores, labels, strict=True):
-        by_group[group].append((score, bool(label)))
     wins = 0.0
     pairs = tasks = 0
-    for members in by_group.values():
-        passing = [score for score, label in members if label]
-        failing = [score for score, label in members if not label]
-        if not passing or not failing:
+    for members in _by_task(groups, scores, labels).values():
+        task_scores, task_labels = [s for s, _ in members], [lab for _, lab in members]
+        auc = rank_auc(task_scores, task_labels)
+        if auc is None:
             continue
+        passing = sum(task_labels)
         tasks += 1
-        pairs += len(passing) * len(failing)
-        wins += sum((p > f) + 0.5 * (p == f) for p in passing for f in failing)
+        pairs += passing * (len(members) - passing)
+        wins += auc * passing * (len(members) - passing)
     return {"auc": wins / pairs if pairs else None, "tasks": tasks, "pairs": pairs}
 
 
@@ -59,9 +66,7 @@ def auc_interval(
 ) -> tuple[float, float] | None:
     """A percentile bootstrap interval of `rank_auc`, resampling whole tasks (a task's programs
     are not independent of each other); None without both labels."""
-    by_group: dict[Hashable, list[tuple[float, bool]]] = defaultdict(list)
-    for group, score, label in zip(groups, scores, labels, strict=True):
-        by_group[group].append((score, bool(label)))
+    by_group = _by_task(groups, scores, labels)
     keys = list(by_group)
     rng = random.Random(seed)
     values = []
