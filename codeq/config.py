@@ -198,6 +198,8 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "verifier.max_programs_per_task": 16,
     "verifier.eval_fraction": 0.2,
     "verifier.seed": 42,
+    "verifier.checkpoint_every_s": 600.0,  # like train's: never changes what is computed
+    "verifier.gradient_checkpointing": True,  # recomputes activations, same gradients
 }
 
 

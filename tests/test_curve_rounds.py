@@ -122,3 +122,23 @@ def test_every_committed_round_holds_the_files_its_round_json_lists():
         assert set(entry["tasks_sha256"]) == set(curve_rounds.TASK_FILES), path
         for key, recorded in entry["keys"].items():
             curve_rounds.committed_content(path.parent, key, recorded)  # raises if not
+
+
+def test_the_documented_curve_command_accepts_every_committed_round_of_its_curve():
+    """What restore checks on a fresh clone, with today's config: a key added since a round was
+    committed must be in NEUTRAL_VALUES at its default, or the committed curve cannot go on."""
+    import learning_curve
+
+    command = [
+        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
+        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
+        "--rounds", "12", "--stop-after-promotions", "2",
+    ]  # fmt: skip
+    now = curve_rounds.effective_settings(
+        learning_curve.portable_settings(learning_curve.parse_args(command))
+    )
+    rounds = sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json"))
+    assert rounds
+    for path in rounds:
+        recorded = json.loads(path.read_text())["settings"]
+        assert curve_rounds.settings_changes(recorded, now) == [], path
