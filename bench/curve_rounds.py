@@ -14,6 +14,16 @@ not compared: it carries the times prepare took).
 continues after them instead of computing them again. A file whose content fails its sha256, or
 a round made with other curve settings, is refused with one line naming the file; a round the
 store already holds must hold the committed content, never be overwritten.
+
+A round takes longer than a session's machine may live (collect alone about 1.5 h of 2 cores),
+so `persist_partial` also writes the round under way into `<results>/rounds/round-N-partial/`:
+its finished stages and the per-task trees its collect saved so far, with `partial.json` listing
+them like `round.json`; not train's checkpoints (LoRA with optimizer state, about 100 MB each),
+so a train in progress starts again. `restore_partial` puts them into a fresh store, and once
+prepare there rebuilt the round's tasks alike (split files' sha256), `adopt_prepare_report`
+puts back the recorded prepare report and manifest too: the collect's saved progress is
+fingerprinted with that manifest, whose report carries prepare's timings. The finished round
+replaces the partial folder.
 """
 
 from __future__ import annotations
@@ -21,11 +31,15 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import shutil
 from pathlib import Path
 from typing import Any
 
 ROUNDS_DIR = "rounds"
 ROUND_FILE = "round.json"
+PARTIAL_FILE = "partial.json"
+PARTIAL_SUFFIX = "-partial"
+CHECKPOINT_PREFIXES = ("train-progress/", "verifier-progress/")  # too large for git
 SMALL_FILE_BYTES = 16 * 1024  # kept as they are: readable in a diff, little to gain
 TASK_FILES = ("train.jsonl", "validation.jsonl", "test.jsonl")  # what prepare must rebuild alike
 
@@ -67,8 +81,26 @@ def round_prefixes(runs: list[str], number: int) -> list[str]:
 def kept(key: str) -> bool:
     """Whether a round's key goes into git: not the tasks (the data set), nor the per-task
     objects a collect shard saves while it runs (its trajectories.jsonl holds them all)."""
-    inside = key.split("/", 3)[3] if key.count("/") >= 3 else key
+    inside = stage_relative(key)
     return not inside.startswith("tasks/") and "/tasks/" not in inside
+
+
+def stage_relative(key: str) -> str:
+    """A round's key without `runs/<run>/round-N/`."""
+    return key.split("/", 3)[3] if key.count("/") >= 3 else key
+
+
+def kept_partial(key: str) -> bool:
+    """Whether an unfinished round's key goes into git: its stages' outputs and the per-task
+    trees a collect saved so far; of the tasks only prepare's manifest and report (not the data
+    set); no training checkpoints."""
+    inside = stage_relative(key)
+    if inside.startswith("tasks/"):
+        return inside in PREPARE_RECORD
+    return not inside.startswith(CHECKPOINT_PREFIXES)
+
+
+PREPARE_RECORD = ("tasks/MANIFEST.json", "tasks/report.json")  # no split file: those are data
 
 
 def pack(data: bytes) -> bytes:
@@ -80,6 +112,30 @@ def pack(data: bytes) -> bytes:
     return packed if len(packed) <= 0.9 * len(data) else data
 
 
+def write_objects(store: Any, folder: Path, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Each key's content under `folder/store/<key>` (xz where it pays), equal contents stored
+    once; returns each key's sha256, size and file, as round.json lists them."""
+    written: dict[str, str] = {}  # sha256 -> file already holding that content
+    listed: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        data = store.get_bytes(key)
+        digest = hashlib.sha256(data).hexdigest()
+        name = written.get(digest)
+        if name is None:
+            packed = pack(data)
+            name = f"store/{key}" + (".xz" if packed is not data else "")
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(packed)
+            written[digest] = name
+        listed[key] = {"sha256": digest, "bytes": len(data), "file": name}
+    return listed
+
+
+def partial_folder(results: Path, number: int) -> Path:
+    return results / ROUNDS_DIR / f"round-{number}{PARTIAL_SUFFIX}"
+
+
 def persist_round(
     store: Any,
     results: Path,
@@ -88,33 +144,55 @@ def persist_round(
     settings: dict[str, Any],
     tasks_manifest_key: str,
 ) -> Path:
-    """Copy round `number` of `runs` from the store into `<results>/rounds/round-N/`."""
+    """Copy round `number` of `runs` from the store into `<results>/rounds/round-N/` (the
+    round's partial folder, now spent, is removed)."""
     folder = results / ROUNDS_DIR / f"round-{number}"
-    written: dict[str, str] = {}  # sha256 -> file already holding that content
-    keys: dict[str, dict[str, Any]] = {}
-    for prefix in round_prefixes(runs, number):
-        for key in store.list(prefix):
-            if not kept(key):
-                continue
-            data = store.get_bytes(key)
-            digest = hashlib.sha256(data).hexdigest()
-            name = written.get(digest)
-            if name is None:
-                packed = pack(data)
-                name = f"store/{key}" + (".xz" if packed is not data else "")
-                target = folder / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(packed)
-                written[digest] = name
-            keys[key] = {"sha256": digest, "bytes": len(data), "file": name}
+    keys = [key for prefix in round_prefixes(runs, number) for key in store.list(prefix)]
     entry = {
         "round": number,
         "runs": runs,
         "settings": effective_settings(settings),
         "tasks_sha256": task_files_sha256(store, tasks_manifest_key),
-        "keys": keys,
+        "keys": write_objects(store, folder, [key for key in keys if kept(key)]),
     }
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / ROUND_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(partial_folder(results, number), ignore_errors=True)
+    return folder
+
+
+def persist_partial(
+    store: Any,
+    results: Path,
+    number: int,
+    runs: list[str],
+    settings: dict[str, Any],
+    tasks_manifest_key: str,
+) -> Path:
+    """What the store holds so far of unfinished round `number` into
+    `<results>/rounds/round-N-partial/`, replacing an earlier partial copy."""
+    from codeq.errors import BadInputError
+
+    if (results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE).is_file():
+        raise BadInputError(
+            f"round {number} is finished and committed already "
+            f"({results / ROUNDS_DIR / f'round-{number}' / ROUND_FILE})",
+            hint="a partial copy is for the round under way",
+        )
+    folder = partial_folder(results, number)
+    shutil.rmtree(folder, ignore_errors=True)
+    keys = [key for prefix in round_prefixes(runs, number)[:-1] for key in store.list(prefix)]
+    entry = {
+        "round": number,
+        "runs": runs,
+        "settings": effective_settings(settings),
+        "tasks_sha256": (
+            task_files_sha256(store, tasks_manifest_key) if store.exists(tasks_manifest_key) else {}
+        ),
+        "keys": write_objects(store, folder, [key for key in keys if kept_partial(key)]),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PARTIAL_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
     return folder
 
 
@@ -128,11 +206,14 @@ def committed_rounds(results: Path) -> list[int]:
     return sorted(found)
 
 
-def read_committed(results: Path, number: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """A committed round's record, refused when it was made with other curve settings."""
+def read_committed(
+    results: Path, number: int, settings: dict[str, Any], path: Path | None = None
+) -> dict[str, Any]:
+    """A committed round's record (`path`: its partial.json instead), refused when it was made
+    with other curve settings."""
     from codeq.errors import CorruptInputError
 
-    path = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
+    path = path or results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
     entry: dict[str, Any] = json.loads(path.read_text())
     changed = settings_changes(entry.get("settings") or {}, effective_settings(settings))
     if changed:
@@ -171,8 +252,6 @@ def committed_content(folder: Path, key: str, recorded: dict[str, Any]) -> bytes
 def restore_round(store: Any, results: Path, number: int, settings: dict[str, Any]) -> bool:
     """Put committed round `number` into the store; True when it was put there, False when the
     store already held it (then it must hold the same content)."""
-    from codeq.errors import CorruptInputError
-
     entry = read_committed(results, number, settings)
     folder = results / ROUNDS_DIR / f"round-{number}"
     contents = {
@@ -180,22 +259,88 @@ def restore_round(store: Any, results: Path, number: int, settings: dict[str, An
     }
     held = [key for key in contents if key.endswith("/_COMPLETE") and store.exists(key)]
     if held:
-        for key, recorded in entry["keys"].items():
-            if key.endswith("/_COMPLETE") or "/current/" in key:
-                continue  # markers carry times; current moves on with later rounds
-            present = store.exists(key) and hashlib.sha256(store.get_bytes(key)).hexdigest()
-            if present != recorded["sha256"]:
-                raise CorruptInputError(
-                    f"the store's {key} differs from {folder / recorded['file']} (committed "
-                    f"round {number})",
-                    hint="this store computed the round again and drew another one; continue "
-                    "in a new --out, or delete the store to continue from git",
-                )
+        check_store_holds(store, folder, entry, number)
         return False
+    put_objects(store, contents)
+    return True
+
+
+def check_store_holds(store: Any, folder: Path, entry: dict[str, Any], number: int) -> None:
+    """Every committed key the store holds must hold the committed content (markers, which carry
+    times, and the run's current policy, which moves on, aside)."""
+    from codeq.errors import CorruptInputError
+
+    for key, recorded in entry["keys"].items():
+        if key.endswith("/_COMPLETE") or "/current/" in key or not store.exists(key):
+            continue
+        if hashlib.sha256(store.get_bytes(key)).hexdigest() != recorded["sha256"]:
+            raise CorruptInputError(
+                f"the store's {key} differs from {folder / recorded['file']} (committed "
+                f"round {number})",
+                hint="this store computed the round again and drew another one; continue "
+                "in a new --out, or delete the store to continue from git",
+            )
+
+
+def put_objects(store: Any, contents: dict[str, bytes]) -> None:
     markers = [key for key in contents if key.endswith("/_COMPLETE")]
     for key in [key for key in contents if key not in markers] + markers:  # markers last
         store.put_bytes(key, contents[key])
-    return True
+
+
+def partial_rounds(results: Path) -> list[int]:
+    """The unfinished rounds `<results>/rounds/` holds a partial copy of (none finished)."""
+    found = []
+    for path in (results / ROUNDS_DIR).glob(f"round-*{PARTIAL_SUFFIX}/{PARTIAL_FILE}"):
+        number = path.parent.name.removeprefix("round-").removesuffix(PARTIAL_SUFFIX)
+        finished = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
+        if number.isdigit() and not finished.is_file():
+            found.append(int(number))
+    return sorted(found)
+
+
+def restore_partial(store: Any, results: Path, number: int, settings: dict[str, Any]) -> int:
+    """Put the committed part of unfinished round `number` into the store, except prepare's
+    record (see `adopt_prepare_report`); the keys the store holds already must hold the same
+    content. Returns how many objects it put."""
+    folder = partial_folder(results, number)
+    entry = read_committed(results, number, settings, folder / PARTIAL_FILE)
+    entry["keys"] = {
+        key: recorded
+        for key, recorded in entry["keys"].items()
+        if stage_relative(key) not in PREPARE_RECORD  # this machine's differ in timings
+    }
+    check_store_holds(store, folder, entry, number)
+    missing = {
+        key: committed_content(folder, key, recorded)
+        for key, recorded in entry["keys"].items()
+        if not store.exists(key)
+    }
+    put_objects(store, missing)
+    return len(missing)
+
+
+def adopt_prepare_report(store: Any, results: Path, number: int, tasks_manifest_key: str) -> bool:
+    """After prepare rebuilt an unfinished round's tasks alike (checked by `check_tasks`), its
+    recorded report and manifest replace this machine's, which differ in prepare's timings
+    only: the collect progress restored with them is fingerprinted with that manifest.
+    True when they were put."""
+    folder = partial_folder(results, number)
+    if (
+        not (folder / PARTIAL_FILE).is_file()
+        or (results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE).is_file()
+    ):
+        return False
+    entry = json.loads((folder / PARTIAL_FILE).read_text())
+    record = {
+        key: committed_content(folder, key, recorded)
+        for key, recorded in entry["keys"].items()
+        if stage_relative(key) in PREPARE_RECORD
+        and key.rsplit("/", 2)[0] == tasks_manifest_key.rsplit("/", 2)[0]
+    }
+    for key, data in sorted(record.items(), key=lambda item: item[0].endswith("MANIFEST.json")):
+        store.put_bytes(key, data)  # the manifest last: it vouches for the report
+    return bool(record)
 
 
 def task_files_sha256(store: Any, tasks_manifest_key: str) -> dict[str, str]:
@@ -204,18 +349,39 @@ def task_files_sha256(store: Any, tasks_manifest_key: str) -> dict[str, str]:
     return {name: files[name]["sha256"] for name in TASK_FILES if name in files}
 
 
-def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str) -> None:
-    """The tasks this machine's prepare built for a committed round must be the recorded ones."""
+def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str) -> str | None:
+    """The tasks this machine's prepare built for a committed round (finished, or the partial
+    copy of one under way) must be the recorded ones. One exception, returned as a note: once a
+    round's collect finished, its train tasks (the ones it searched) may differ in content but
+    not in which tasks they are. Prepare keeps a generated hidden test only when the oracle answers
+    it within its limit, so a loaded machine drops a few; the round's trees, pairs and adapter
+    stand as committed, and later rounds read only the validation and test files."""
     from codeq.errors import CorruptInputError
 
     path = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
+    finished = path.is_file()
+    if not finished:
+        path = partial_folder(results, number) / PARTIAL_FILE
     if not path.is_file():
-        return
-    recorded: dict[str, str] = json.loads(path.read_text())["tasks_sha256"]
+        return None
+    entry = json.loads(path.read_text())
+    recorded: dict[str, str] = entry["tasks_sha256"]
+    if not recorded:  # a partial copy made before prepare finished
+        return None
     now = task_files_sha256(store, tasks_manifest_key)
     differing = sorted(
         name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name)
     )
+    train = tasks_manifest_key.rsplit("/", 1)[0] + "/train.jsonl"
+    if differing == ["train.jsonl"]:  # a partial copy's collect may have finished too
+        searched = searched_task_ids(path.parent, entry)
+        if searched and searched == built_task_ids(store, train):
+            return (
+                f"round {number}'s train tasks built here differ in content from those "
+                f"{path} was made with (sha256 {now['train.jsonl'][:12]} here, "
+                f"{recorded['train.jsonl'][:12]} recorded) but are the same "
+                f"{len(searched)} tasks: its trees stand as committed"
+            )
     if differing:
         raise CorruptInputError(
             f"round {number}'s tasks built here differ from those {path} was made with: "
@@ -224,5 +390,22 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
                 f"{recorded.get(name, 'absent')[:12]} recorded)"
                 for name in differing
             ),
-            hint="use the DebugBench copy the curve used (--source), or a new --results folder",
+            hint="use the DebugBench copy the curve used (--source), or a new --results folder"
+            + ("" if finished else f"; or delete {path.parent} to compute round {number} again"),
         )
+    return None
+
+
+def searched_task_ids(folder: Path, entry: dict[str, Any]) -> set[str]:
+    """The tasks a committed round's collect searched, from its trajectories."""
+    ids: set[str] = set()
+    for key, recorded in entry["keys"].items():
+        if key.endswith("/trajectories.jsonl") and "/trajectories/" in key:
+            lines = committed_content(folder, key, recorded).decode().splitlines()
+            ids.update(json.loads(line)["task_id"] for line in lines if line.strip())
+    return ids
+
+
+def built_task_ids(store: Any, key: str) -> set[str]:
+    lines = store.get_bytes(key).decode().splitlines()
+    return {json.loads(line).get("task_id") for line in lines if line.strip()}

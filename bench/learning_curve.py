@@ -145,6 +145,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the curve does after each round; for a round that finished under older code) and exit",
     )
     parser.add_argument(
+        "--persist-partial",
+        action="store_true",
+        help="write the round under way, as far as the store holds it (finished stages, the "
+        "trees its collect saved so far), into <results>/rounds/round-N-partial/ for git, and "
+        "exit; run beside the curve with its own options, so a fresh machine goes on from there",
+    )
+    parser.add_argument(
         "--write-eval-config",
         type=Path,
         metavar="FILE",
@@ -330,9 +337,19 @@ class Curve:
             lambda: STAGE_FUNCTIONS[stage](ctx),
         )
         if stage == "prepare":  # a round committed to git must continue on the same tasks
-            curve_rounds.check_tasks(
-                self.store, self.results, round_number, ctx.layout.stage("tasks/MANIFEST.json")
-            )
+            manifest = ctx.layout.stage("tasks/MANIFEST.json")
+            note = curve_rounds.check_tasks(self.store, self.results, round_number, manifest)
+            if note:  # the tasks differ: this machine's manifest stays, true to its files
+                print(f"[curve] {note}", file=sys.stderr, flush=True)
+            elif curve_rounds.adopt_prepare_report(
+                self.store, self.results, round_number, manifest
+            ):
+                print(
+                    f"[curve] round {round_number}: the same tasks as its partial copy in git; "
+                    "its prepare report adopted, so its collect progress goes on",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def restore_rounds(self) -> None:
         """The rounds committed under <results>/rounds/, put into the store before anything
@@ -350,6 +367,14 @@ class Curve:
                 file=sys.stderr,
                 flush=True,
             )
+        for number in curve_rounds.partial_rounds(self.results):
+            put = curve_rounds.restore_partial(self.store, self.results, number, self.settings())
+            print(
+                f"[curve] round {number} (unfinished): {put} objects restored from its partial "
+                "copy in git",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def persist_round(self, number: int) -> None:
         """A finished round's store objects into <results>/rounds/round-N/, for git (never
@@ -363,6 +388,23 @@ class Curve:
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
         print(
             f"[curve] round {number}: {size / 1e6:.1f} MB written to {folder} for git",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def persist_partial(self, number: int) -> None:
+        """What the store holds so far of unfinished round `number`, into
+        <results>/rounds/round-N-partial/ for git."""
+        runs = [BASE_RUN, self.run] if number == 0 and self.run != BASE_RUN else [self.run]
+        tasks = self.ctx(number).layout.stage("tasks/MANIFEST.json")
+        folder = curve_rounds.persist_partial(
+            self.store, self.results, number, runs, self.settings(), tasks
+        )
+        entry = json.loads((folder / curve_rounds.PARTIAL_FILE).read_text())
+        size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+        print(
+            f"[curve] round {number} (unfinished): {len(entry['keys'])} objects, "
+            f"{size / 1e6:.1f} MB written to {folder} for git",
             file=sys.stderr,
             flush=True,
         )
@@ -689,6 +731,27 @@ def persist_finished_rounds(args: argparse.Namespace) -> None:
             curve.persist_round(number)
 
 
+def persist_partial_round(args: argparse.Namespace) -> None:
+    """The first round of the chosen run without a promotion decision, as far as the store
+    holds it, into <results>/rounds/round-N-partial/ (a curve can run meanwhile: it reads)."""
+    from codeq.errors import MissingInputError
+
+    curve = Curve(args)
+    recorded = read_json_or(args.results / "learning-rate.json", None)
+    curve.run = str(recorded["chosen_run"]) if recorded else BASE_RUN
+    for number in range(args.rounds):
+        if not curve.store.is_complete(curve.ctx(number).layout.stage("promote")):
+            if not curve.store.list(f"runs/{curve.run}/round-{number}/"):
+                break
+            curve.persist_partial(number)
+            return
+    raise MissingInputError(
+        f"no unfinished round under way in {args.out / 'store'} (of rounds 0-{args.rounds - 1})",
+        hint="--persist-partial copies the round a curve is computing; finished rounds are "
+        "persisted by the curve itself (or --persist-rounds)",
+    )
+
+
 def check_rates(args: argparse.Namespace) -> None:
     """Round 0 trained with other learning rates after the choice, on the same pairs, each
     judged on validation as the trials were: whether the choice holds, recorded beside it.
@@ -928,6 +991,9 @@ def main() -> None:
             return
         if args.persist_rounds:
             persist_finished_rounds(args)
+            return
+        if args.persist_partial:
+            persist_partial_round(args)
             return
         run(args)
     except CodeQError as exc:  # one error: line and a hint, as the CLI prints them

@@ -142,3 +142,96 @@ def test_the_documented_curve_command_accepts_every_committed_round_of_its_curve
     for path in rounds:
         recorded = json.loads(path.read_text())["settings"]
         assert curve_rounds.settings_changes(recorded, now) == [], path
+
+
+def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(tmp_path):
+    """Prepare drops a generated hidden test the oracle did not answer in time, so a loaded
+    machine builds other train files for the same tasks: the finished round stands, said so."""
+    store, _ = store_with_a_round(tmp_path / "store")
+    manifest = "runs/curve/round-0/tasks/MANIFEST.json"
+    curve_rounds.persist_round(
+        store, tmp_path / "results", 0, ["curve", "curve-lr"], SETTINGS, manifest
+    )
+
+    same_tasks = "".join(json.dumps({"task_id": f"t{i}", "hidden": [i]}) + "\n" for i in range(200))
+    store.put_bytes("runs/curve/round-0/tasks/train.jsonl", same_tasks.encode())
+    store.put_bytes(manifest, manifest_of(train="bb", report="r2"))
+    note = curve_rounds.check_tasks(store, tmp_path / "results", 0, manifest)
+    assert note and "the same 200 tasks: its trees stand as committed" in note
+
+    other_tasks = same_tasks.replace('"t7"', '"t700"')
+    store.put_bytes("runs/curve/round-0/tasks/train.jsonl", other_tasks.encode())
+    with pytest.raises(CorruptInputError, match=r"train\.jsonl \(sha256 bbbb"):
+        curve_rounds.check_tasks(store, tmp_path / "results", 0, manifest)
+
+
+def store_with_a_round_under_way(root: Path):
+    """Round 1 of run `curve`: prepared, its collect stopped after two tasks, no train yet."""
+    store = open_store(StoreConfig(uri=f"file://{root}"))
+    prefix = "runs/curve/round-1"
+    train = b'{"task_id": "t0"}\n{"task_id": "t1"}\n{"task_id": "t2"}\n'
+    report = b'{"seconds": 50.1}\n'
+    objects = {
+        f"{prefix}/tasks/train.jsonl": train,
+        f"{prefix}/tasks/report.json": report,
+        f"{prefix}/tasks/MANIFEST.json": manifest_of(train="aa", report="r1"),
+        f"{prefix}/tasks/_COMPLETE": b'{"stage": "prepare"}\n',
+        f"{prefix}/trajectories/shard-0/PROGRESS.json": b'{"fingerprint": "f1"}\n',
+        f"{prefix}/trajectories/shard-0/tasks/t0.json": b'{"task_id": "t0"}\n',
+        f"{prefix}/trajectories/shard-0/tasks/t1.json": b'{"task_id": "t1"}\n',
+        f"{prefix}/train-progress/checkpoint.bin": random.Random(1).randbytes(1 << 15),
+    }
+    for key, data in objects.items():
+        store.put_bytes(key, data)
+    return store, objects
+
+
+def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_path):
+    store, objects = store_with_a_round_under_way(tmp_path / "store")
+    results = tmp_path / "results"
+    manifest = "runs/curve/round-1/tasks/MANIFEST.json"
+    folder = curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+    listed = json.loads((folder / curve_rounds.PARTIAL_FILE).read_text())["keys"]
+    assert sorted(key.removeprefix("runs/curve/round-1/") for key in listed) == [
+        "tasks/MANIFEST.json",  # prepare's record, not the data set
+        "tasks/report.json",
+        "trajectories/shard-0/PROGRESS.json",
+        "trajectories/shard-0/tasks/t0.json",
+        "trajectories/shard-0/tasks/t1.json",
+    ]  # no train checkpoint: too large for git
+    assert curve_rounds.partial_rounds(results) == [1]
+
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
+    assert curve_rounds.restore_partial(fresh, results, 1, SETTINGS) == 3
+    assert not fresh.exists(manifest)  # prepare builds the tasks on this machine first
+    assert (
+        fresh.get_bytes("runs/curve/round-1/trajectories/shard-0/tasks/t1.json")
+        == (objects["runs/curve/round-1/trajectories/shard-0/tasks/t1.json"])
+    )
+    # this machine's prepare: the same split files, its own timings in report.json
+    fresh.put_bytes(
+        "runs/curve/round-1/tasks/train.jsonl", objects["runs/curve/round-1/tasks/train.jsonl"]
+    )
+    fresh.put_bytes("runs/curve/round-1/tasks/report.json", b'{"seconds": 80.3}\n')
+    fresh.put_bytes(manifest, manifest_of(train="aa", report="r9"))
+    assert curve_rounds.check_tasks(fresh, results, 1, manifest) is None
+    assert curve_rounds.adopt_prepare_report(fresh, results, 1, manifest)
+    assert fresh.get_bytes(manifest) == objects[manifest]  # what the saved progress was made with
+    assert fresh.get_bytes("runs/curve/round-1/tasks/report.json") == b'{"seconds": 50.1}\n'
+
+    other = open_store(StoreConfig(uri=f"file://{tmp_path / 'other'}"))
+    other.put_bytes(manifest, manifest_of(train="cc", report="r9"))
+    with pytest.raises(CorruptInputError, match=r"train\.jsonl \(sha256 cccc") as refused:
+        curve_rounds.check_tasks(other, results, 1, manifest)
+    assert "delete" in refused.value.hint and "round-1-partial" in refused.value.hint
+    other.put_bytes(
+        "runs/curve/round-1/trajectories/shard-0/PROGRESS.json", b'{"fingerprint": "f2"}\n'
+    )
+    with pytest.raises(CorruptInputError, match=r"PROGRESS\.json differs"):
+        curve_rounds.restore_partial(other, results, 1, SETTINGS)
+
+    store.put_bytes("runs/curve/round-1/adapter/_COMPLETE", b'{"stage": "train"}\n')
+    curve_rounds.persist_round(store, results, 1, ["curve"], SETTINGS, manifest)
+    assert not folder.exists() and curve_rounds.partial_rounds(results) == []
+    with pytest.raises(Exception, match="finished and committed already"):
+        curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
