@@ -10,6 +10,8 @@ critique). Reads a store, never writes it; writes one JSON file with the command
         --json docs/results/verifier/qwen-0.5b-round-0.json
 
 --max-train-programs / --max-validation-programs / --max-length size a smoke run.
+--objective pairwise learns from (passing, failing) programs of one task (TRL reward training);
+--also-train-on adds later rounds' collects (each round's train tasks are new problems).
 
 Resumable: every --checkpoint-every-s seconds training keeps a checkpoint under
 <work>/progress; the same command run again (after a kill, or on another machine with <work>
@@ -44,7 +46,7 @@ from codeq.verifier import (  # noqa: E402
     within_task_auc,
     written_programs,
 )
-from codeq.verifier.data import hold_out_tasks  # noqa: E402
+from codeq.verifier.data import hold_out_tasks, within_task_pairs  # noqa: E402
 from codeq.verifier.metrics import evaluation_programs  # noqa: E402
 
 QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -56,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-run", default="curve", help="run whose collect wrote programs")
     parser.add_argument("--eval-run", default="curve-lr0.0001", help="run whose evaluate did")
     parser.add_argument("--round", type=int, default=0)
+    parser.add_argument(
+        "--also-train-on",
+        nargs="*",
+        default=[],
+        metavar="RUN:ROUND",
+        help="more collects to learn from (their train tasks are other problems), e.g. "
+        "curve-lr0.0001:1 curve-lr0.0001:2",
+    )
     parser.add_argument("--model", default=str(QWEN_GGUF))
     parser.add_argument("--max-train-programs", type=int, default=None)
     parser.add_argument("--max-validation-programs", type=int, default=None)
@@ -65,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--eval-fraction", type=float, default=0.2)
+    parser.add_argument("--objective", choices=["pointwise", "pairwise"], default="pointwise")
+    parser.add_argument("--pairs-per-task", type=int, default=16, help="pairwise only")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=42)
@@ -80,6 +92,16 @@ def sample(items: list[Any], size: int | None, seed: int) -> list[Any]:
         return list(items)
     chosen = sorted(random.Random(seed).sample(range(len(items)), size))
     return [items[i] for i in chosen]
+
+
+def run_and_round(text: str) -> tuple[str, int]:
+    """RUN:ROUND, as --also-train-on names a collect."""
+    run, _, number = text.rpartition(":")
+    if not run or not number.isdigit():
+        raise SystemExit(
+            f"error: --also-train-on {text!r}: expected RUN:ROUND, e.g. curve-lr0.0001:1"
+        )
+    return run, int(number)
 
 
 def tasks_of(store: Path, run: str, number: int, split: str) -> dict[str, Task]:
@@ -234,14 +256,22 @@ def main(argv: list[str] | None = None) -> int:
             "lora_alpha": 2 * args.lora_r,
             "batch_size": args.batch_size,
             "eval_fraction": args.eval_fraction,
+            "objective": args.objective,
+            "pairs_per_task": args.pairs_per_task,
             "seed": args.seed,
             "checkpoint_every_s": args.checkpoint_every_s,
         },
     )
     started = time.perf_counter()
-    round_dir = args.store / "runs" / args.train_run / f"round-{args.round}"
-    trajectories = read_trajectories([round_dir / "trajectories"])
-    train_tasks = tasks_of(args.store, args.train_run, args.round, "train")
+    collects = [(args.train_run, args.round), *map(run_and_round, args.also_train_on)]
+    trajectories = read_trajectories(
+        [args.store / "runs" / run / f"round-{number}" / "trajectories" for run, number in collects]
+    )
+    train_tasks = {
+        task_id: task
+        for run, number in collects
+        for task_id, task in tasks_of(args.store, run, number, "train").items()
+    }
     written = written_programs(trajectories, train_tasks, config.verifier.max_programs_per_task)
     programs = sample(written, args.max_train_programs, args.seed)
     base = base_lineage(config.policy)
@@ -287,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "used": len(programs),
             "passing": sum(bool(p.passed) for p in programs),
             "held_out": len(held_out),
+            "within_task_pairs": len(within_task_pairs(programs, args.pairs_per_task, args.seed)),
         },
         "heldout_auc": trained["heldout_auc"],
         "heldout": ranking(

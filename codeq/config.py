@@ -198,6 +198,8 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "verifier.max_programs_per_task": 16,
     "verifier.eval_fraction": 0.2,
     "verifier.seed": 42,
+    "verifier.objective": "pointwise",
+    "verifier.pairs_per_task": 16,
     "verifier.checkpoint_every_s": 600.0,  # like train's: never changes what is computed
     "verifier.gradient_checkpointing": True,  # recomputes activations, same gradients
 }
@@ -536,6 +538,21 @@ class VerifierConfig(Section):
     )
     max_programs_per_task: int = Field(
         16, ge=1, description="Distinct programs learned from per task (the first written)."
+    )
+    objective: Literal["pointwise", "pairwise"] = Field(
+        "pointwise",
+        description="'pointwise': binary cross-entropy on each program's label, a probability "
+        "that it passes; 'pairwise': TRL reward training (Bradley-Terry) on (passing, failing) "
+        "programs of the same task, so the score learns which program of a task is right and "
+        "not which tasks are easy (every use of the verifier chooses within a task). Pairwise "
+        "scores rank but are no calibrated probabilities, and it learns only from tasks with "
+        "both a passing and a failing program.",
+    )
+    pairs_per_task: int = Field(
+        16,
+        ge=1,
+        description="pairwise: (passing, failing) pairs learned from per task at most, drawn "
+        "with verifier.seed from all of the task's pairs.",
     )
     eval_fraction: float = Field(
         0.2,

@@ -17,8 +17,10 @@ from codeq.verifier import (
     rank_auc,
     read_info,
     train_verifier,
+    within_task_auc,
     written_programs,
 )
+from codeq.verifier.data import within_task_pairs
 from tests.preemption import preempted_after_checkpoint
 
 BUGGY = "class Solution:\n    def add(self, a, b):\n        return a - b\n"
@@ -302,3 +304,44 @@ def test_a_stopped_verifier_resumes_from_the_store_and_matches_an_uninterrupted_
     for name in expected:
         assert torch.allclose(expected[name], got[name], atol=1e-6), name
     assert not (tmp_path / "resumed" / "checkpoints").exists()  # spent once the verifier is written
+
+
+def test_pairwise_training_learns_which_program_of_a_task_passes(tiny_model_dir, tmp_path):
+    """TRL reward training on (passing, failing) programs of one task: the LoRA and score head
+    change, and on problems it never saw it ranks a task's passing programs above its failing
+    ones (the within-task AUC, what choosing among one task's candidates needs)."""
+    from safetensors.torch import load_file
+
+    config = verifier_config(tiny_model_dir, objective="pairwise", pairs_per_task=8, epochs=6)
+    tasks = [make_task(i) for i in range(12)]
+    metrics = train_verifier(toy_programs(tasks[:8]), tmp_path, config, base=base_of(config))
+    folder = tmp_path / "verifier"
+    assert read_info(folder).objective == "pairwise"
+    assert metrics["heldout_within_task"]["pairs"] > 0
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    assert any("lora_B" in name and tensor.abs().sum() > 0 for name, tensor in weights.items())
+    assert metrics["steps"][0]["loss"] > metrics["steps"][-1]["loss"]
+
+    items = toy_programs(tasks[8:])  # problems it never trained on
+    scores = Verifier.load(folder, config, base_of(config)).score(
+        [(item.task, item.program) for item in items]
+    )
+    ranked = within_task_auc(
+        [item.task.task_id for item in items], scores, [bool(item.passed) for item in items]
+    )
+    assert ranked["auc"] is not None and ranked["auc"] >= 0.8, ranked
+
+
+def test_within_task_pairs_pair_one_tasks_programs_and_cap_each_task() -> None:
+    tasks = [make_task(0), make_task(1)]
+    programs = toy_programs(tasks)  # per task 3 passing, 9 failing: 27 pairs
+    pairs = within_task_pairs(programs, per_task=5, seed=0)
+    assert len(pairs) == 10
+    assert all(good.passed and bad.passed is False for good, bad in pairs)
+    assert all(good.task.task_id == bad.task.task_id for good, bad in pairs)
+    assert pairs == within_task_pairs(programs, per_task=5, seed=0)  # seeded
+    assert len(within_task_pairs(programs, per_task=100, seed=0)) == 54
+
+    apart = [Program(tasks[0], "a", True), Program(tasks[1], "b", False)]
+    assert nothing_to_learn(apart) is None  # pointwise learns from these
+    assert "no task has both a passing and a failing program" in nothing_to_learn(apart, True)

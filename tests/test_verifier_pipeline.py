@@ -352,6 +352,7 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     result = json.loads(out.read_text())
     assert result["command"].startswith("python bench/verifier_auc.py --store ")
     assert result["train_programs"]["used"] == 12 * len(TRAIN)
+    assert result["train_programs"]["within_task_pairs"] == 16 * len(TRAIN)  # capped per task
     validation = result["validation"]
     assert (validation["programs"], validation["passing"]) == (2 * len(VALIDATION), len(VALIDATION))
     assert validation["auc"] >= 0.8

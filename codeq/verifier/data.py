@@ -91,8 +91,34 @@ def hold_out_tasks(
     return train, held
 
 
-def nothing_to_learn(programs: Sequence[Program]) -> str | None:
-    """Why a verifier cannot be trained on `programs` (None when it can)."""
+def within_task_pairs(
+    programs: Sequence[Program], per_task: int, seed: int
+) -> list[tuple[Program, Program]]:
+    """(passing, failing) programs of the same task: every such pair of a task, or `per_task`
+    of them drawn with `seed` where it has more; tasks in the order first seen."""
+    by_task: dict[str, list[Program]] = defaultdict(list)
+    for item in programs:
+        by_task[item.task.task_id].append(item)
+    rng = random.Random(seed)
+    pairs: list[tuple[Program, Program]] = []
+    for members in by_task.values():
+        task_pairs = [
+            (good, bad) for good in members if good.passed for bad in members if bad.passed is False
+        ]
+        if len(task_pairs) > per_task:
+            task_pairs = rng.sample(task_pairs, per_task)
+        pairs.extend(task_pairs)
+    return pairs
+
+
+def nothing_to_learn(programs: Sequence[Program], pairwise: bool = False) -> str | None:
+    """Why a verifier cannot be trained on `programs` (None when it can); `pairwise` needs a
+    task with both a passing and a failing program."""
+    if pairwise and programs and not within_task_pairs(programs, 1, 0):
+        return (
+            f"no task has both a passing and a failing program ({len(programs)} programs), "
+            "which pairwise training learns from"
+        )
     if not programs:
         return "the round wrote no valid program"
     passing = sum(bool(item.passed) for item in programs)

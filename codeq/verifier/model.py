@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,9 @@ class VerifierInfo(BaseModel):
         default_factory=dict, description="train / held_out / passing / failing counts."
     )
     heldout_auc: float | None = Field(None, description="AUC on held-out train problems.")
+    objective: Literal["pointwise", "pairwise"] = Field(
+        "pointwise", description="How it was trained (verifier.objective)."
+    )
     max_length: int = Field(description="Tokens it reads of one (task, program).")
 
     @property

@@ -1,6 +1,8 @@
 """Training a verifier: a LoRA and a one-logit score head on the policy's base model, learned
 with binary cross-entropy on (task, program) -> passes all tests (transformers' Trainer on
-`*ForSequenceClassification`, PEFT task type SEQ_CLS, which trains the score head whole).
+`*ForSequenceClassification`, PEFT task type SEQ_CLS, which trains the score head whole), or
+(verifier.objective pairwise) with TRL's RewardTrainer on (passing, failing) programs of one
+task, so that what tells tasks apart cancels out.
 
 Resumable like DPO (codeq/train/checkpoints.py): every verifier.checkpoint_every_s seconds the
 Trainer writes a checkpoint (LoRA and score head, optimizer, scheduler, random states, step) and
@@ -27,8 +29,14 @@ from codeq.train.checkpoints import (
     steps_bar,
     upload_checkpoint,
 )
-from codeq.verifier.data import Program, encode, hold_out_tasks, nothing_to_learn
-from codeq.verifier.metrics import rank_auc
+from codeq.verifier.data import (
+    Program,
+    encode,
+    hold_out_tasks,
+    nothing_to_learn,
+    within_task_pairs,
+)
+from codeq.verifier.metrics import rank_auc, within_task_auc
 from codeq.verifier.model import (
     VERIFIER_FILE,
     VerifierInfo,
@@ -49,9 +57,8 @@ def lora_config(config: VerifierConfig) -> Any:
 
 
 def training_arguments(config: VerifierConfig, out_dir: Path, device: str, bf16: bool) -> Any:
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
+    """The Trainer's arguments; for the pairwise objective TRL's RewardConfig with the same."""
+    values: dict[str, Any] = dict(
         output_dir=str(out_dir / "checkpoints"),
         learning_rate=config.learning_rate,
         per_device_train_batch_size=config.batch_size,
@@ -61,9 +68,6 @@ def training_arguments(config: VerifierConfig, out_dir: Path, device: str, bf16:
         bf16=bf16,
         use_cpu=device == "cpu",
         activation_checkpointing=config.gradient_checkpointing,
-        train_sampling_strategy="group_by_length",
-        length_column_name=LENGTH_COLUMN,
-        remove_unused_columns=False,  # the collator reads the ids and the label
         # checkpoints are asked for by time (the callback below), not by step count; only the
         # newest is kept on disk
         save_strategy="no",
@@ -74,6 +78,19 @@ def training_arguments(config: VerifierConfig, out_dir: Path, device: str, bf16:
         data_seed=config.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
+    )
+    if config.objective == "pairwise":
+        from trl import RewardConfig
+
+        # programs are cut to max_length by `encode`; the pair's two halves share each batch
+        return RewardConfig(**values, max_length=None, center_rewards_coefficient=None)
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        **values,
+        train_sampling_strategy="group_by_length",
+        length_column_name=LENGTH_COLUMN,
+        remove_unused_columns=False,  # the collator reads the ids and the label
     )
 
 
@@ -88,6 +105,19 @@ def collator(tokenizer: Any) -> Any:
         return {**batch, "labels": torch.tensor(labels, dtype=torch.float32)}
 
     return collate
+
+
+def pair_rows(
+    pairs: Sequence[tuple[Program, Program]], tokenizer: Any, max_length: int
+) -> list[dict[str, Any]]:
+    """RewardTrainer's tokenized rows: the passing program chosen, the failing one rejected."""
+    return [
+        {
+            "chosen_ids": encode(tokenizer, good.task, good.program, max_length),
+            "rejected_ids": encode(tokenizer, bad.task, bad.program, max_length),
+        }
+        for good, bad in pairs
+    ]
 
 
 def checkpoints_callback(every_s: float, target: CheckpointTarget | None) -> Any:
@@ -152,15 +182,18 @@ def train_verifier(
     from codeq.train.lineage import adapter_sha256
     from codeq.train.model import load_tokenizer
 
-    reason = nothing_to_learn(programs)
+    settings = config.verifier
+    pairwise = settings.objective == "pairwise"
+    reason = nothing_to_learn(programs, pairwise)
     if reason is not None or any(item.passed is None for item in programs):
         raise BadInputError(
             f"cannot train a verifier: {reason or 'some programs are not labelled'}",
             hint="it learns from passing and failing programs, each run on all its task's tests",
         )
-    settings = config.verifier
     out_dir = Path(out_dir)
     train, held_out = hold_out_tasks(programs, settings.eval_fraction, settings.seed)
+    if pairwise and nothing_to_learn(train, pairwise):  # every pair fell in the held-out part
+        train, held_out = list(programs), []
     source = resolve_model_source(config.policy.model, config.policy.cache_dir)
     tokenizer = load_tokenizer(source)
     device, dtype = verifier_device(config)
@@ -184,13 +217,29 @@ def train_verifier(
         len({i.task.slug for i in held_out}),
         source,
     )
-    trainer = Trainer(
-        model=model,
-        args=training_arguments(settings, out_dir, device, dtype == torch.bfloat16),
-        train_dataset=Dataset.from_list(rows(train)),
-        data_collator=collator(tokenizer),
-        callbacks=[checkpoints_callback(settings.checkpoint_every_s, checkpoints)],
-    )
+    arguments = training_arguments(settings, out_dir, device, dtype == torch.bfloat16)
+    callbacks = [checkpoints_callback(settings.checkpoint_every_s, checkpoints)]
+    trainer: Trainer
+    if pairwise:
+        from trl import RewardTrainer
+
+        pairs = within_task_pairs(train, settings.pairs_per_task, settings.seed)
+        log.info("verifier: pairwise, %d (passing, failing) pairs of one task", len(pairs))
+        trainer = RewardTrainer(
+            model=model,
+            args=arguments,
+            train_dataset=Dataset.from_list(pair_rows(pairs, tokenizer, settings.max_length)),
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
+    else:
+        trainer = Trainer(
+            model=model,
+            args=arguments,
+            train_dataset=Dataset.from_list(rows(train)),
+            data_collator=collator(tokenizer),
+            callbacks=callbacks,
+        )
     trainer.remove_callback(PrinterCallback)  # our logger reports, not stdout
     resumed_step = checkpoint_step(resume_from) if resume_from is not None else None
     if resume_from is not None:
@@ -203,11 +252,13 @@ def train_verifier(
             f"the verifier's loss became {result.training_loss}",
             hint="lower verifier.learning_rate",
         )
-    heldout_auc = None
+    heldout_auc, heldout_within = None, None
     if held_out:
         encoded = [row["input_ids"] for row in rows(held_out)]
         scores = logits_to_scores(model, tokenizer, encoded, settings.batch_size, device)
-        heldout_auc = rank_auc(scores, [bool(i.passed) for i in held_out])
+        labels = [bool(i.passed) for i in held_out]
+        heldout_auc = rank_auc(scores, labels)
+        heldout_within = within_task_auc([i.task.task_id for i in held_out], scores, labels)
         log.info("verifier: AUC %.3f on %d held-out programs", heldout_auc or 0.0, len(held_out))
     folder = out_dir / "verifier"
     model.save_pretrained(str(folder), safe_serialization=True)
@@ -226,6 +277,7 @@ def train_verifier(
         programs=counts,
         heldout_auc=heldout_auc,
         max_length=settings.max_length,
+        objective=settings.objective,
     )
     (folder / VERIFIER_FILE).write_text(info.model_dump_json(indent=1), encoding="utf-8")
     shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # spent; frees the scratch
@@ -240,6 +292,7 @@ def train_verifier(
         "train_loss": result.training_loss,
         "train_seconds": round(seconds, 2),
         "heldout_auc": heldout_auc,
+        "heldout_within_task": heldout_within,
         "steps": steps,
         "config": settings.model_dump(),
     }
