@@ -212,13 +212,26 @@ def test_search_candidates_outside_the_curves_rounds_are_refused_before_anything
 
 @pytest.mark.slow
 def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_path):
-    """The third curve's way: each finished round's store objects go to <results>/rounds/; a
-    fresh store continues from them without computing a round again; a file that fails its
-    sha256, or other curve settings, is refused with one line naming the file."""
+    """The third curve's way: each finished round's store objects go to <results>/rounds/, and
+    the round under way to rounds/round-N-partial/ (--persist-partial, beside a curve stopped
+    in round 1's train); a fresh store continues from them without computing again what they
+    hold (the recorded prepare report adopted), and the finished round replaces the partial
+    copy; a file that fails its sha256, or other curve settings, is refused with one line
+    naming the file."""
     results = tmp_path / "results"
     options = ("--search-settings", "defaults", "--test-after-chain", "--learning-rates", "1e-3")
-    first = run_curve(tmp_path / "curve", results=results, extra=options, rounds=1)
-    assert first.returncode == 0, first.stderr[-3000:]
+    command = [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--tiny"]
+    command += ["--rounds", "2", "--out", str(tmp_path / "curve"), "--results", str(results)]
+    command += list(options)
+    curve = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert curve.stderr is not None
+    for line in curve.stderr:  # stopped as the machine going away would stop it
+        if "round 1 train: starting" in line:
+            curve.terminate()
+            break
+    curve.wait(timeout=600)
+    assert not (results / "rounds" / "round-1").exists()
+
     committed = json.loads((results / "rounds" / "round-0" / "round.json").read_text())
     keys = committed["keys"]
     assert any(key.endswith("/adapter/adapter_model.safetensors") for key in keys)
@@ -232,16 +245,30 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
         size = (results / "rounds" / "round-0" / recorded["file"]).stat().st_size
         assert recorded["bytes"] >= 16 * 1024 and size <= 0.9 * recorded["bytes"]
 
+    persisted = subprocess.run(
+        [*command, "--persist-partial"], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+    assert persisted.returncode == 0, persisted.stderr[-3000:]
+    partial = results / "rounds" / "round-1-partial"
+    partial_keys = json.loads((partial / "partial.json").read_text())["keys"]
+    assert any(key.endswith("/pairs/pairs.jsonl") for key in partial_keys)
+    assert not [key for key in partial_keys if key.endswith(("train.jsonl", "validation.jsonl"))]
+
     def started(run: subprocess.CompletedProcess) -> list[str]:
         return [line for line in run.stderr.splitlines() if line.startswith("[curve]")]
 
-    # a fresh store and the committed files: round 0 is restored, not computed again
-    fresh = run_curve(tmp_path / "fresh", results=results, extra=options, rounds=1)
+    # a fresh store and the committed files: round 0 restored, round 1 goes on after its pairs
+    fresh = run_curve(tmp_path / "fresh", results=results, extra=options, rounds=2)
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     lines = started(fresh)
-    assert any("round 0: restored from git" in line for line in lines)
-    computed = [line for line in lines if "starting" in line]
-    assert computed and all(" prepare: starting" in line for line in computed), computed
+    assert any("round 0: restored from git" in line for line in lines), lines
+    assert any("round 1 (unfinished):" in line and "restored" in line for line in lines), lines
+    assert any("round 1: the same tasks as its partial copy" in line for line in lines), lines
+    computed = [line.split("] ", 1)[1].split(":")[0] for line in lines if "starting" in line]
+    again = [stage for stage in computed if not stage.endswith("prepare")]  # tasks: not in git
+    assert not [stage for stage in again if "round 0" in stage or "collect" in stage], lines
+    assert any("round 1 train" in stage for stage in computed), lines
+    assert (results / "rounds" / "round-1" / "round.json").is_file() and not partial.exists()
 
     # a committed file that fails its sha256 is refused, naming it; nothing is recomputed
     adapter = next(k for k in keys if k.endswith("adapter_model.safetensors"))
@@ -261,45 +288,3 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     other = run_curve(tmp_path / "other", results=results, extra=(*options, "--seed", "1"))
     assert other.returncode == 2
     assert "round.json was made with other curve settings" in other.stderr
-
-
-@pytest.mark.slow
-def test_a_round_under_way_kept_in_git_goes_on_in_a_fresh_store(tmp_path):
-    """--persist-partial beside a curve stopped in round 1's train: a fresh store restores the
-    round's finished stages from git, prepares its tasks again, adopts the recorded prepare
-    report, skips collect and pairs, and finishes the round, whose full copy replaces the
-    partial one."""
-    results = tmp_path / "results"
-    options = ("--search-settings", "defaults", "--test-after-chain", "--learning-rates", "1e-3")
-    first = run_curve(tmp_path / "curve", results=results, extra=options, rounds=1)
-    assert first.returncode == 0, first.stderr[-3000:]
-
-    command = [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--tiny"]
-    command += ["--rounds", "2", "--out", str(tmp_path / "curve"), "--results", str(results)]
-    command += list(options)
-    curve = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    assert curve.stderr is not None
-    for line in curve.stderr:  # stopped as the machine going away would stop it
-        if "round 1 train: starting" in line:
-            curve.terminate()
-            break
-    curve.wait(timeout=600)
-    assert not (results / "rounds" / "round-1").exists()
-
-    persisted = subprocess.run(
-        [*command, "--persist-partial"], capture_output=True, text=True, timeout=600, cwd=REPO
-    )
-    assert persisted.returncode == 0, persisted.stderr[-3000:]
-    partial = results / "rounds" / "round-1-partial"
-    keys = json.loads((partial / "partial.json").read_text())["keys"]
-    assert any(key.endswith("/pairs/pairs.jsonl") for key in keys)
-    assert not [key for key in keys if key.endswith(("train.jsonl", "validation.jsonl"))]
-
-    fresh = run_curve(tmp_path / "fresh", results=results, extra=options, rounds=2)
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
-    lines = [line for line in fresh.stderr.splitlines() if line.startswith("[curve]")]
-    assert any("round 1 (unfinished):" in line and "restored" in line for line in lines), lines
-    assert any("round 1: the same tasks as its partial copy" in line for line in lines), lines
-    assert any("round 1 collect: done earlier, skipped" in line for line in lines), lines
-    assert any("round 1 train: starting" in line for line in lines), lines
-    assert (results / "rounds" / "round-1" / "round.json").is_file() and not partial.exists()
