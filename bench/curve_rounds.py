@@ -132,8 +132,40 @@ def write_objects(store: Any, folder: Path, keys: list[str]) -> dict[str, dict[s
     return listed
 
 
+def round_folder(results: Path, number: int) -> Path:
+    return results / ROUNDS_DIR / f"round-{number}"
+
+
+def finished_record(results: Path, number: int) -> Path:
+    """round.json of finished round `number` (it may not exist)."""
+    return round_folder(results, number) / ROUND_FILE
+
+
 def partial_folder(results: Path, number: int) -> Path:
     return results / ROUNDS_DIR / f"round-{number}{PARTIAL_SUFFIX}"
+
+
+def write_record(
+    store: Any,
+    path: Path,
+    number: int,
+    runs: list[str],
+    settings: dict[str, Any],
+    tasks_sha256: dict[str, str],
+    keys: list[str],
+) -> dict[str, Any]:
+    """The objects `keys` beside `path` (see `write_objects`) and the record listing them, which
+    a fresh store is restored from; returns the record."""
+    entry = {
+        "round": number,
+        "runs": runs,
+        "settings": effective_settings(settings),
+        "tasks_sha256": tasks_sha256,
+        "keys": write_objects(store, path.parent, keys),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    return entry
 
 
 def persist_round(
@@ -146,19 +178,12 @@ def persist_round(
 ) -> Path:
     """Copy round `number` of `runs` from the store into `<results>/rounds/round-N/` (the
     round's partial folder, now spent, is removed)."""
-    folder = results / ROUNDS_DIR / f"round-{number}"
     keys = [key for prefix in round_prefixes(runs, number) for key in store.list(prefix)]
-    entry = {
-        "round": number,
-        "runs": runs,
-        "settings": effective_settings(settings),
-        "tasks_sha256": task_files_sha256(store, tasks_manifest_key),
-        "keys": write_objects(store, folder, [key for key in keys if kept(key)]),
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ROUND_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    tasks_sha256 = task_files_sha256(store, tasks_manifest_key)
+    path = finished_record(results, number)
+    write_record(store, path, number, runs, settings, tasks_sha256, [k for k in keys if kept(k)])
     shutil.rmtree(partial_folder(results, number), ignore_errors=True)
-    return folder
+    return path.parent
 
 
 def persist_partial(
@@ -168,32 +193,28 @@ def persist_partial(
     runs: list[str],
     settings: dict[str, Any],
     tasks_manifest_key: str,
-) -> Path:
+) -> dict[str, Any]:
     """What the store holds so far of unfinished round `number` into
-    `<results>/rounds/round-N-partial/`, replacing an earlier partial copy."""
+    `<results>/rounds/round-N-partial/`, replacing an earlier partial copy; returns its
+    record."""
     from codeq.errors import BadInputError
 
-    if (results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE).is_file():
+    if finished_record(results, number).is_file():
         raise BadInputError(
             f"round {number} is finished and committed already "
-            f"({results / ROUNDS_DIR / f'round-{number}' / ROUND_FILE})",
+            f"({finished_record(results, number)})",
             hint="a partial copy is for the round under way",
         )
     folder = partial_folder(results, number)
     shutil.rmtree(folder, ignore_errors=True)
     keys = [key for prefix in round_prefixes(runs, number)[:-1] for key in store.list(prefix)]
-    entry = {
-        "round": number,
-        "runs": runs,
-        "settings": effective_settings(settings),
-        "tasks_sha256": (
-            task_files_sha256(store, tasks_manifest_key) if store.exists(tasks_manifest_key) else {}
-        ),
-        "keys": write_objects(store, folder, [key for key in keys if kept_partial(key)]),
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / PARTIAL_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
-    return folder
+    tasks_sha256 = (
+        task_files_sha256(store, tasks_manifest_key) if store.exists(tasks_manifest_key) else {}
+    )
+    kept_keys = [key for key in keys if kept_partial(key)]
+    return write_record(
+        store, folder / PARTIAL_FILE, number, runs, settings, tasks_sha256, kept_keys
+    )
 
 
 def committed_rounds(results: Path) -> list[int]:
@@ -213,7 +234,7 @@ def read_committed(
     with other curve settings."""
     from codeq.errors import CorruptInputError
 
-    path = path or results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
+    path = path or finished_record(results, number)
     entry: dict[str, Any] = json.loads(path.read_text())
     changed = settings_changes(entry.get("settings") or {}, effective_settings(settings))
     if changed:
@@ -253,7 +274,7 @@ def restore_round(store: Any, results: Path, number: int, settings: dict[str, An
     """Put committed round `number` into the store; True when it was put there, False when the
     store already held it (then it must hold the same content)."""
     entry = read_committed(results, number, settings)
-    folder = results / ROUNDS_DIR / f"round-{number}"
+    folder = round_folder(results, number)
     contents = {
         key: committed_content(folder, key, recorded) for key, recorded in entry["keys"].items()
     }
@@ -293,8 +314,7 @@ def partial_rounds(results: Path) -> list[int]:
     found = []
     for path in (results / ROUNDS_DIR).glob(f"round-*{PARTIAL_SUFFIX}/{PARTIAL_FILE}"):
         number = path.parent.name.removeprefix("round-").removesuffix(PARTIAL_SUFFIX)
-        finished = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
-        if number.isdigit() and not finished.is_file():
+        if number.isdigit() and not finished_record(results, int(number)).is_file():
             found.append(int(number))
     return sorted(found)
 
@@ -326,10 +346,7 @@ def adopt_prepare_report(store: Any, results: Path, number: int, tasks_manifest_
     only: the collect progress restored with them is fingerprinted with that manifest.
     True when they were put."""
     folder = partial_folder(results, number)
-    if (
-        not (folder / PARTIAL_FILE).is_file()
-        or (results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE).is_file()
-    ):
+    if not (folder / PARTIAL_FILE).is_file() or finished_record(results, number).is_file():
         return False
     entry = json.loads((folder / PARTIAL_FILE).read_text())
     record = {
@@ -358,7 +375,7 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
     stand as committed, and later rounds read only the validation and test files."""
     from codeq.errors import CorruptInputError
 
-    path = results / ROUNDS_DIR / f"round-{number}" / ROUND_FILE
+    path = finished_record(results, number)
     finished = path.is_file()
     if not finished:
         path = partial_folder(results, number) / PARTIAL_FILE

@@ -379,8 +379,8 @@ class Curve:
     def persist_round(self, number: int) -> None:
         """A finished round's store objects into <results>/rounds/round-N/, for git (never
         over a round already there)."""
-        folder = self.results / curve_rounds.ROUNDS_DIR / f"round-{number}"
-        if (folder / curve_rounds.ROUND_FILE).is_file():
+        folder = curve_rounds.round_folder(self.results, number)
+        if curve_rounds.finished_record(self.results, number).is_file():
             return
         runs = [BASE_RUN, self.run] if number == 0 else [self.run]
         tasks = self.ctx(number).layout.stage("tasks/MANIFEST.json")
@@ -397,10 +397,10 @@ class Curve:
         <results>/rounds/round-N-partial/ for git."""
         runs = [BASE_RUN, self.run] if number == 0 and self.run != BASE_RUN else [self.run]
         tasks = self.ctx(number).layout.stage("tasks/MANIFEST.json")
-        folder = curve_rounds.persist_partial(
+        entry = curve_rounds.persist_partial(
             self.store, self.results, number, runs, self.settings(), tasks
         )
-        entry = json.loads((folder / curve_rounds.PARTIAL_FILE).read_text())
+        folder = curve_rounds.partial_folder(self.results, number)
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
         print(
             f"[curve] round {number} (unfinished): {len(entry['keys'])} objects, "

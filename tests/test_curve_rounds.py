@@ -190,8 +190,10 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     store, objects = store_with_a_round_under_way(tmp_path / "store")
     results = tmp_path / "results"
     manifest = "runs/curve/round-1/tasks/MANIFEST.json"
-    folder = curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+    record = curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+    folder = curve_rounds.partial_folder(results, 1)
     listed = json.loads((folder / curve_rounds.PARTIAL_FILE).read_text())["keys"]
+    assert record["keys"] == listed
     assert sorted(key.removeprefix("runs/curve/round-1/") for key in listed) == [
         "tasks/MANIFEST.json",  # prepare's record, not the data set
         "tasks/report.json",
