@@ -66,7 +66,7 @@ def test_builtin_prepare_is_usable_split_and_deterministic(tmp_path: Path, sandb
     _check_usable(train + validation + test, sandbox)
     _prepare("builtin", tmp_path / "b")
     for name in SPLITS:  # all but each task's call time limit, which is measured (20x its
-        # slowest oracle call, within 1-2 s) and so moves with the machine's load
+        # slowest oracle call, in steps of 1, 2, 4 ... s) and so moves with the machine's load
         first, second = (_untimed(tmp_path / run / f"{name}.jsonl") for run in ("a", "b"))
         assert first == second
 
@@ -74,7 +74,8 @@ def test_builtin_prepare_is_usable_split_and_deterministic(tmp_path: Path, sandb
 def _untimed(path: Path) -> list[dict]:
     tasks = [json.loads(line) for line in path.read_text().splitlines()]
     for task in tasks:
-        assert task["entry"].pop("call_timeout_s") in (1.0, 2.0)
+        # a loaded machine (CI's other worker) can take a builtin oracle call past 0.1 s
+        assert task["entry"].pop("call_timeout_s") in (1.0, 2.0, 4.0, 8.0, 10.0)
     return tasks
 
 
