@@ -19,7 +19,9 @@ CHECKOV := $(TOOLS)/checkov/bin/checkov
 # no other load). On average it uses under one core, and the fast tests (most of them one
 # Python thread: Helm rendering, sandbox round trips) take the rest, though they slow the slow
 # tests they meet: on a fresh 2-core machine the whole suite took 1618 s, the slow worker's
-# share, with the fast tests done in its first 11 min. TEST_WORKERS=0: one process.
+# share, with the fast tests done in its first 11 min. While they run, a slow test's torch keeps
+# to one thread (tests/conftest.py: two threads on one free core run at half the speed of one).
+# TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=25 --durations-min=10
 

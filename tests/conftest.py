@@ -4,6 +4,8 @@ SmolLM2 tokenizer (fast, for integration tests), and the real SmolLM2-135M (for 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +27,78 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(slow)
-    items.sort(key=lambda item: item.nodeid.startswith(SLOW_WORKER_LAST))  # stable
+    items.sort(key=lambda item: slow_worker_position(item.nodeid))  # stable
 
 
 # Run last in the slow worker, after the fast tests are done (the Makefile's note on
-# TEST_WORKERS): the real round interrupted mid-collect and mid-train took 76 s alone but 294 s
-# beside the fast tests in a fresh 2-core run of `make test`, more than any other slow test
-# loses there.
-SLOW_WORKER_LAST = ("tests/test_cli_interrupts.py::test_ctrl_c_in_collect",)
+# TEST_WORKERS): torch-bound and long, they gain most from both cores. The real round
+# interrupted mid-collect and mid-train took 76 s alone but 294 s beside the fast tests in a
+# fresh 2-core run of `make test`; the tiny curve 529 s there.
+SLOW_WORKER_LAST = (
+    "tests/test_learning_curve.py::",
+    "tests/test_cli_interrupts.py::test_ctrl_c_in_collect",
+)
+
+
+def slow_worker_position(nodeid: str) -> int:
+    return next(
+        (rank + 1 for rank, prefix in enumerate(SLOW_WORKER_LAST) if nodeid.startswith(prefix)), 0
+    )
+
+
+# While the other worker runs fast tests, a slow test's torch gets one thread, not one per core:
+# its second thread would share a core with that worker, and each parallel region waits for
+# it. Measured here (2 cores, one busy Python neighbour): 300 float32 matmul pairs took 5.75 s on
+# two threads against 2.92 s on one (1.71 s on two when quiet), and the neighbour lost half its
+# core meanwhile. The workers count the fast tests done in one file of the run's temporary
+# folder; subprocesses inherit OMP_NUM_THREADS.
+FAST_TESTS = pytest.StashKey[int]()
+THREADS_WHEN_QUIET = os.environ.get("OMP_NUM_THREADS")
+
+
+def in_parallel_run() -> bool:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+
+
+def fast_tests_done_file(config: pytest.Config) -> Path:
+    """Shared by the run's workers: each has its own folder in the run's temporary folder."""
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+    return factory.getbasetemp().parent / "fast-tests-done"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    fast = [item for item in session.items if not item.get_closest_marker("slow")]
+    session.config.stash[FAST_TESTS] = len(fast)
+
+
+def share_the_cores(config: pytest.Config) -> None:
+    """One torch thread while fast tests still run in another worker; the usual count after."""
+    from codeq.cpus import available_cpus
+
+    done_file = fast_tests_done_file(config)
+    done = done_file.stat().st_size if done_file.exists() else 0
+    busy = done < config.stash.get(FAST_TESTS, 0)
+    if busy:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    elif THREADS_WHEN_QUIET is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = THREADS_WHEN_QUIET
+    if "torch" in sys.modules:  # tests that run torch in this process
+        import torch
+
+        torch.set_num_threads(1 if busy else int(THREADS_WHEN_QUIET or available_cpus()))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    slow = item.get_closest_marker("slow") is not None
+    if slow and in_parallel_run():
+        share_the_cores(item.config)
+    yield
+    if not slow and in_parallel_run():
+        with fast_tests_done_file(item.config).open("ab") as done:  # a byte a test; appends
+            done.write(b".")  # are atomic
 
 
 @pytest.fixture(scope="session")
