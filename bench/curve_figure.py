@@ -180,10 +180,10 @@ def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
                 "validation_vs": paired,
                 "validation_source": "rounds/round-N/store/**/eval/*/validation/results.json",
                 "results": test,
-                "test_vs": {
+                "test_vs": {  # round 8's prepare built other test tasks: no pairing then
                     m: compare_modes(m, test.modes[m], loaded[incumbent].modes[m])
                     for m in TEST_MODES
-                    if m in test.modes
+                    if m in test.modes and set(test.task_ids) == set(loaded[incumbent].task_ids)
                 },
             }
         )
