@@ -13,14 +13,11 @@ TOOLS := .tools
 CHECKOV := $(TOOLS)/checkov/bin/checkov
 # The slowest tests are listed after every run: CI must stay under 30 minutes, and a test that
 # grew shows there first. The tests run in TEST_WORKERS processes (pytest-xdist): the slow ones
-# one after another in one worker (tests/conftest.py groups them), the fast ones in the others
-# and in that one once the slow ones are done. A slow test keeps both cores busy much of the
-# time (torch, containers): two at once ran over 52 min where one at a time took 26 (2 cores,
-# no other load). On average it uses under one core, and the fast tests (most of them one
-# Python thread: Helm rendering, sandbox round trips) take the rest, though they slow the slow
-# tests they meet: on a fresh 2-core machine the whole suite took 1618 s, the slow worker's
-# share, with the fast tests done in its first 11 min. While they run, a slow test's torch keeps
-# to one thread (tests/conftest.py: two threads on one free core run at half the speed of one).
+# in two groups, each one after another in one worker (tests/conftest.py), the fast ones after
+# them in whichever worker is free. With one slow group its worker took 1824 s of a 2-core run
+# while the other idled after the fast tests (61% of both cores used). While another worker is
+# at work, a slow test's torch keeps to one thread (tests/conftest.py: two threads on one free
+# core run at half the speed of one).
 # TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=25 --durations-min=10

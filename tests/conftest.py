@@ -17,42 +17,35 @@ DEBUGBENCH_DIR = Path(
 MODEL_CACHE = Path(os.environ.get("CODEQ_TEST_CACHE", Path.home() / ".cache" / "codeq"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the group from the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n 2 --dist loadgroup` (`make test`) the slow tests go to one worker, one
-    after another, while the other worker takes the fast ones: a slow test already keeps both
-    cores busy most of the time (torch, containers), so two at once slow each other down more
-    than they gain, but on average it leaves half a core to the fast tests."""
-    slow = pytest.mark.xdist_group("slow")
-    for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(slow)
-    items.sort(key=lambda item: slow_worker_position(item.nodeid))  # stable
-
-
-# Run last in the slow worker, after the fast tests are done (the Makefile's note on
-# TEST_WORKERS): torch-bound and long, they gain most from both cores. The real round
-# interrupted mid-collect and mid-train took 76 s alone but 294 s beside the fast tests in a
-# fresh 2-core run of `make test`; the tiny curve 529 s there.
-SLOW_WORKER_LAST = (
+# The slow tests run in two groups, each one after another in one pytest-xdist worker (make
+# test: `-n 2 --dist loadgroup`), the fast tests after them in whichever worker is free: the
+# longest units first and the many short ones last keep both workers busy to the end. With one
+# slow group, its worker took 1824 s of a 2-core CI run while the other finished the fast tests
+# in about 11 minutes and then idled (user+sys 41 min in 33.5 min: 61% of both cores). The second
+# group holds the chained-round tests, about half of the slow tests' time.
+SECOND_SLOW_GROUP = (
     "tests/test_learning_curve.py::",
-    "tests/test_cli_interrupts.py::test_ctrl_c_in_collect",
+    "tests/test_chained_rounds.py::",
+    "tests/test_cli_interrupts.py::",
+    "tests/test_round.py::",
 )
 
 
-def slow_worker_position(nodeid: str) -> int:
-    return next(
-        (rank + 1 for rank, prefix in enumerate(SLOW_WORKER_LAST) if nodeid.startswith(prefix)), 0
-    )
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the group from the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow"):
+            second = item.nodeid.startswith(SECOND_SLOW_GROUP)
+            item.add_marker(pytest.mark.xdist_group("slow-2" if second else "slow"))
 
 
-# While the other worker runs fast tests, a slow test's torch gets one thread, not one per core:
-# its second thread would share a core with that worker, and each parallel region waits for
-# it. Measured here (2 cores, one busy Python neighbour): 300 float32 matmul pairs took 5.75 s on
-# two threads against 2.92 s on one (1.71 s on two when quiet), and the neighbour lost half its
-# core meanwhile. The workers count the fast tests done in one file of the run's temporary
-# folder; subprocesses inherit OMP_NUM_THREADS.
-FAST_TESTS = pytest.StashKey[int]()
+# A slow test's torch gets the cores its worker can count on: one of two while the other
+# worker is still at work, both once it has finished. Two threads on a shared core run at half
+# the speed of one, since each parallel region waits for the slower thread. Measured here (2
+# cores, one busy Python neighbour): 300 float32 matmul pairs took 5.75 s on two threads against
+# 2.92 s on one (1.71 s on two when quiet), and the neighbour lost half its core meanwhile. A
+# worker marks its end in one folder of the run's temporary folder; subprocesses inherit
+# OMP_NUM_THREADS.
 THREADS_WHEN_QUIET = os.environ.get("OMP_NUM_THREADS")
 
 
@@ -60,45 +53,43 @@ def in_parallel_run() -> bool:
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
 
 
-def fast_tests_done_file(config: pytest.Config) -> Path:
+def finished_workers_dir(config: pytest.Config) -> Path:
     """Shared by the run's workers: each has its own folder in the run's temporary folder."""
     factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-    return factory.getbasetemp().parent / "fast-tests-done"
+    return factory.getbasetemp().parent / "workers-finished"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    fast = [item for item in session.items if not item.get_closest_marker("slow")]
-    session.config.stash[FAST_TESTS] = len(fast)
+def threads_for_a_slow_test(config: pytest.Config) -> int:
+    from codeq.cpus import available_cpus
+
+    finished_dir = finished_workers_dir(config)
+    finished = len(list(finished_dir.iterdir())) if finished_dir.is_dir() else 0
+    at_work = max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]) - finished)
+    return max(1, int(THREADS_WHEN_QUIET or available_cpus()) // at_work)
 
 
 def share_the_cores(config: pytest.Config) -> None:
-    """One torch thread while fast tests still run in another worker; the usual count after."""
-    from codeq.cpus import available_cpus
-
-    done_file = fast_tests_done_file(config)
-    done = done_file.stat().st_size if done_file.exists() else 0
-    busy = done < config.stash.get(FAST_TESTS, 0)
-    if busy:
-        os.environ["OMP_NUM_THREADS"] = "1"
-    elif THREADS_WHEN_QUIET is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = THREADS_WHEN_QUIET
+    threads = threads_for_a_slow_test(config)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:  # tests that run torch in this process
         import torch
 
-        torch.set_num_threads(1 if busy else int(THREADS_WHEN_QUIET or available_cpus()))
+        torch.set_num_threads(threads)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    slow = item.get_closest_marker("slow") is not None
-    if slow and in_parallel_run():
+    if item.get_closest_marker("slow") and in_parallel_run():
         share_the_cores(item.config)
     yield
-    if not slow and in_parallel_run():
-        with fast_tests_done_file(item.config).open("ab") as done:  # a byte a test; appends
-            done.write(b".")  # are atomic
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and in_parallel_run():  # this worker has no test left
+        finished_dir = finished_workers_dir(session.config)
+        finished_dir.mkdir(exist_ok=True)
+        (finished_dir / worker).touch()
 
 
 @pytest.fixture(scope="session")
