@@ -32,6 +32,7 @@ import hashlib
 import json
 import lzma
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,14 @@ def round_folder(results: Path, number: int) -> Path:
 def finished_record(results: Path, number: int) -> Path:
     """round.json of finished round `number` (it may not exist)."""
     return round_folder(results, number) / ROUND_FILE
+
+
+def committed_record(results: Path, number: int) -> Path | None:
+    """round.json of round `number` when it finished, else its partial copy's record, if any."""
+    for path in (finished_record(results, number), partial_folder(results, number) / PARTIAL_FILE):
+        if path.is_file():
+            return path
+    return None
 
 
 def partial_folder(results: Path, number: int) -> Path:
@@ -375,12 +384,10 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
     stand as committed, and later rounds read only the validation and test files."""
     from codeq.errors import CorruptInputError
 
-    path = finished_record(results, number)
-    finished = path.is_file()
-    if not finished:
-        path = partial_folder(results, number) / PARTIAL_FILE
-    if not path.is_file():
+    path = committed_record(results, number)
+    if path is None:
         return None
+    finished = path == finished_record(results, number)
     entry = json.loads(path.read_text())
     recorded: dict[str, str] = entry["tasks_sha256"]
     if not recorded:  # a partial copy made before prepare finished
@@ -426,3 +433,63 @@ def searched_task_ids(folder: Path, entry: dict[str, Any]) -> set[str]:
 def built_task_ids(store: Any, key: str) -> set[str]:
     lines = store.get_bytes(key).decode().splitlines()
     return {json.loads(line).get("task_id") for line in lines if line.strip()}
+
+
+HELD_OUT_FILES = ("validation.jsonl", "test.jsonl")
+PREPARE_ATTEMPTS = 3  # a round's prepare in all, where it built other held-out tasks
+
+
+def held_out_differences(store: Any, first_tasks: str, tasks: str) -> list[str]:
+    """The held-out files whose tasks, in order, differ from the curve's first round's (the
+    store folders of their prepare). Prepare keeps a hidden test only when the oracle answers it
+    in time, so a loaded machine can drop one and with it a task whose bug only that test caught;
+    the split's seeded shuffle then orders the rest anew (round 8 of the third curve: one task
+    fewer, 21 of the first 60 test tasks other ones). The tests' content may differ (the
+    per-call limit moves with the load); every round's candidate and incumbent meet the same."""
+    return [
+        name
+        for name in HELD_OUT_FILES
+        if built_task_order(store, f"{first_tasks}/{name}")
+        != built_task_order(store, f"{tasks}/{name}")
+    ]
+
+
+def built_task_order(store: Any, key: str) -> list[str]:
+    lines = store.get_bytes(key).decode().splitlines()
+    return [json.loads(line)["task_id"] for line in lines if line.strip()]
+
+
+def prepare_held_out_alike(
+    store: Any,
+    results: Path,
+    number: int,
+    tasks: tuple[str, str],
+    prepare_again: Callable[[], None],
+) -> Iterator[str]:
+    """Round `number`'s validation and test tasks are made the curve's first round's (`tasks`:
+    the store folders of round 0's prepare and of this round's): prepared again, up to
+    PREPARE_ATTEMPTS times in all, where a loaded machine built others (a note each time), then
+    refused with one line naming the files. A round in git is held to its own record instead
+    (`check_tasks`)."""
+    from codeq.errors import CorruptInputError
+
+    first_tasks, round_tasks = tasks
+    if number == 0 or committed_record(results, number):
+        return
+    for attempt in range(1, PREPARE_ATTEMPTS + 1):
+        differing = held_out_differences(store, first_tasks, round_tasks)
+        if not differing:
+            return
+        named = " and ".join(differing)
+        if attempt == PREPARE_ATTEMPTS:
+            raise CorruptInputError(
+                f"round {number}'s prepare built other tasks in {named} than round 0 in "
+                f"{PREPARE_ATTEMPTS} attempts",
+                hint="prepare keeps a hidden test only when the oracle answers it in time: run "
+                "the curve's rounds on a machine that runs nothing else meanwhile",
+            )
+        yield (
+            f"round {number}: prepare built other tasks in {named} than round 0; preparing "
+            f"again (attempt {attempt + 1} of {PREPARE_ATTEMPTS})"
+        )
+        prepare_again()

@@ -338,6 +338,7 @@ class Curve:
         )
         if stage == "prepare":  # a round committed to git must continue on the same tasks
             manifest = ctx.layout.stage("tasks/MANIFEST.json")
+            self.keep_held_out_tasks(ctx, round_number)
             note = curve_rounds.check_tasks(self.store, self.results, round_number, manifest)
             if note:  # the tasks differ: this machine's manifest stays, true to its files
                 print(f"[curve] {note}", file=sys.stderr, flush=True)
@@ -350,6 +351,20 @@ class Curve:
                     file=sys.stderr,
                     flush=True,
                 )
+
+    def keep_held_out_tasks(self, ctx: Any, round_number: int) -> None:
+        """A round's validation and test tasks must be the curve's first round's."""
+        from codeq.pipeline.stages import STAGE_FUNCTIONS
+
+        def prepare_again() -> None:
+            self.store.delete_prefix(ctx.layout.stage("tasks/"))
+            STAGE_FUNCTIONS["prepare"](ctx)
+
+        tasks = (self.ctx(0).layout.stage("tasks"), ctx.layout.stage("tasks"))
+        for note in curve_rounds.prepare_held_out_alike(
+            self.store, self.results, round_number, tasks, prepare_again
+        ):
+            print(f"[curve] {note}", file=sys.stderr, flush=True)
 
     def restore_rounds(self) -> None:
         """The rounds committed under <results>/rounds/, put into the store before anything

@@ -237,3 +237,46 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     assert not folder.exists() and curve_rounds.partial_rounds(results) == []
     with pytest.raises(Exception, match="finished and committed already"):
         curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+
+
+def test_a_new_rounds_held_out_tasks_are_prepared_again_until_they_are_round_0s(tmp_path):
+    """A loaded machine's prepare can drop a task from test (its bug caught only by a hidden test
+    the oracle answered too late), and the split's shuffle then reorders the rest: a new round
+    prepares again until its validation and test tasks are round 0's, else it is refused."""
+    store = open_store(StoreConfig(uri=f"file://{tmp_path / 'store'}"))
+    results = tmp_path / "results"
+
+    def put_tasks(folder: str, validation: list[str], test: list[str], hidden: int = 0) -> None:
+        for name, ids in (("validation", validation), ("test", test)):
+            lines = [json.dumps({"task_id": i, "hidden": [hidden]}) + "\n" for i in ids]
+            store.put_bytes(f"{folder}/{name}.jsonl", "".join(lines).encode())
+
+    first, tasks = "runs/curve/round-0/tasks", "runs/curve/round-1/tasks"
+    put_tasks(first, ["v1", "v2"], ["t1", "t2", "t3"])
+    put_tasks(tasks, ["v1", "v2"], ["t3", "t1"])  # t2 dropped, the rest shuffled anew
+    builds = iter([(["v1", "v2"], ["t1", "t2", "t3"])])  # what preparing again builds, in turn
+
+    def prepare_again() -> None:
+        validation, test = next(builds)
+        put_tasks(tasks, validation, test, hidden=1)  # other hidden tests: the same tasks
+
+    notes = list(
+        curve_rounds.prepare_held_out_alike(store, results, 1, (first, tasks), prepare_again)
+    )
+    assert notes == [
+        "round 1: prepare built other tasks in test.jsonl than round 0; preparing again "
+        "(attempt 2 of 3)"
+    ]
+    assert curve_rounds.held_out_differences(store, first, tasks) == []
+
+    put_tasks(tasks, ["v2", "v1"], ["t1", "t3"])
+    builds = iter([(["v2", "v1"], ["t1", "t3"])] * 2)
+    with pytest.raises(CorruptInputError, match="validation.jsonl and test.jsonl than round 0"):
+        list(curve_rounds.prepare_held_out_alike(store, results, 1, (first, tasks), prepare_again))
+
+    def never() -> None:
+        raise AssertionError("a round in git is held to its own record, never prepared again")
+
+    (curve_rounds.partial_folder(results, 1)).mkdir(parents=True)
+    (curve_rounds.partial_folder(results, 1) / curve_rounds.PARTIAL_FILE).write_text("{}")
+    assert not list(curve_rounds.prepare_held_out_alike(store, results, 1, (first, tasks), never))
