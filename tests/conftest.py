@@ -49,8 +49,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 THREADS_WHEN_QUIET = os.environ.get("OMP_NUM_THREADS")
 
 
-def in_parallel_run() -> bool:
-    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+def parallel_worker(config: pytest.Config) -> tuple[str, int] | None:
+    """(this worker's id, the run's worker count) in a pytest-xdist worker of a run with two or
+    more, else None (also in a pytest a test starts: it inherits the worker's environment)."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or workerinput["workercount"] < 2:
+        return None
+    return workerinput["workerid"], workerinput["workercount"]
 
 
 def finished_workers_dir(config: pytest.Config) -> Path:
@@ -64,7 +69,8 @@ def threads_for_a_slow_test(config: pytest.Config) -> int:
 
     finished_dir = finished_workers_dir(config)
     finished = len(list(finished_dir.iterdir())) if finished_dir.is_dir() else 0
-    at_work = max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]) - finished)
+    _, workers = parallel_worker(config) or ("", 1)
+    at_work = max(1, workers - finished)
     return max(1, int(THREADS_WHEN_QUIET or available_cpus()) // at_work)
 
 
@@ -79,17 +85,17 @@ def share_the_cores(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    if item.get_closest_marker("slow") and in_parallel_run():
+    if item.get_closest_marker("slow") and parallel_worker(item.config):
         share_the_cores(item.config)
     yield
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and in_parallel_run():  # this worker has no test left
+    worker = parallel_worker(session.config)
+    if worker:  # this worker has no test left
         finished_dir = finished_workers_dir(session.config)
         finished_dir.mkdir(exist_ok=True)
-        (finished_dir / worker).touch()
+        (finished_dir / worker[0]).touch()
 
 
 @pytest.fixture(scope="session")
