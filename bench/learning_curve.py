@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="K",
         help="end the chain of rounds early once K rounds in a row have been promoted (the "
         "claim the curve tests: round N+1, sampled from round N's promoted policy, is better "
-        "again); then the after-chain test runs. 0: run all --rounds",
+        "again), or once the rounds left cannot make K in a row; then the after-chain test "
+        "runs. 0: run all --rounds",
     )
     parser.add_argument("--test-tasks", type=int, default=60)
     parser.add_argument(
@@ -703,12 +704,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 hint=f"name rounds whose round-N.json says promoted: false (of 0-{args.rounds - 1})",
             )
         promotions_in_a_row = promotions_in_a_row + 1 if tested is not None else 0
-        if args.stop_after_promotions and promotions_in_a_row >= args.stop_after_promotions:
-            print(
-                f"[curve] rounds {number - promotions_in_a_row + 1}-{number} promoted in a row: "
-                "the chain ends here (--stop-after-promotions)",
-                flush=True,
-            )
+        ending = chain_end(number, promotions_in_a_row, args.rounds, args.stop_after_promotions)
+        if ending:
+            print(f"[curve] {ending}", flush=True)
             break
     if args.test_after_chain:  # 7. once: every promoted policy single pass (the claim) first,
         for name, policy in evaluated.values():  # then search modes, then the kept-out ones
@@ -726,6 +724,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = write_summary(args)
     print(table(summary))
     return summary
+
+
+def chain_end(number: int, promotions_in_a_row: int, rounds: int, wanted: int) -> str | None:
+    """Why the chain ends after round `number` under --stop-after-promotions `wanted`: that
+    many rounds promoted in a row, or too few rounds left to make them; None: it goes on."""
+    rounds_left = rounds - 1 - number
+    if not wanted:
+        return None
+    if promotions_in_a_row >= wanted:
+        return (
+            f"rounds {number - promotions_in_a_row + 1}-{number} promoted in a row: the chain "
+            "ends here (--stop-after-promotions)"
+        )
+    if rounds_left and promotions_in_a_row + rounds_left < wanted:
+        return (
+            f"round {number}: {promotions_in_a_row} promoted in a row and {rounds_left} "
+            f"round{'s' if rounds_left > 1 else ''} left cannot make {wanted} in a row: the chain "
+            "ends here (--stop-after-promotions; raise --rounds to go on)"
+        )
+    return None
 
 
 def persist_finished_rounds(args: argparse.Namespace) -> None:

@@ -203,6 +203,23 @@ def test_eval_config_for_another_machine_holds_the_curves_evaluation_settings(tm
     assert "model" not in written.read_text()  # the machine's own copy of the model is named
 
 
+def test_the_chain_ends_at_k_promotions_in_a_row_or_when_the_rounds_left_cannot_make_them():
+    from test_bench import load_bench
+
+    chain_end = load_bench("learning_curve").chain_end
+    assert chain_end(4, 2, rounds=12, wanted=2) == (
+        "rounds 3-4 promoted in a row: the chain ends here (--stop-after-promotions)"
+    )
+    assert chain_end(9, 0, rounds=12, wanted=2) is None  # rounds 10 and 11 can still make it
+    assert chain_end(10, 1, rounds=12, wanted=2) is None
+    assert chain_end(10, 0, rounds=12, wanted=2) == (
+        "round 10: 0 promoted in a row and 1 round left cannot make 2 in a row: the chain ends "
+        "here (--stop-after-promotions; raise --rounds to go on)"
+    )
+    assert chain_end(11, 0, rounds=12, wanted=2) is None  # the last round: the chain is over
+    assert chain_end(10, 0, rounds=12, wanted=0) is None  # without the option: every round
+
+
 def test_search_candidates_outside_the_curves_rounds_are_refused_before_anything_runs(tmp_path):
     refused = run_curve(tmp_path / "curve", extra=("--search-candidates", "2", "5"))
     assert refused.returncode != 0
