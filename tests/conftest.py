@@ -21,8 +21,9 @@ MODEL_CACHE = Path(os.environ.get("CODEQ_TEST_CACHE", Path.home() / ".cache" / "
 # test: `-n 2 --dist loadgroup`), the fast tests after them in whichever worker is free: the
 # longest units first and the many short ones last keep both workers busy to the end. With one
 # slow group, its worker took 1824 s of a 2-core CI run while the other finished the fast tests
-# in about 11 minutes and then idled (user+sys 41 min in 33.5 min: 61% of both cores). The second
-# group holds the chained-round tests, about half of the slow tests' time.
+# in about 11 minutes and then idled (user+sys 41 min in 33.5 min: 61% of both cores); with two,
+# the tests took 1349 s of a 1528 s CI run from a clean clone. The second group holds the
+# chained-round tests, about half of the slow tests' time.
 SECOND_SLOW_GROUP = (
     "tests/test_learning_curve.py::",
     "tests/test_chained_rounds.py::",
