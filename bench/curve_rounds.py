@@ -431,8 +431,13 @@ def searched_task_ids(folder: Path, entry: dict[str, Any]) -> set[str]:
 
 
 def built_task_ids(store: Any, key: str) -> set[str]:
+    return set(built_task_order(store, key))
+
+
+def built_task_order(store: Any, key: str) -> list[str]:
+    """The task ids of a split file prepare wrote, in its order."""
     lines = store.get_bytes(key).decode().splitlines()
-    return {json.loads(line).get("task_id") for line in lines if line.strip()}
+    return [json.loads(line).get("task_id") for line in lines if line.strip()]
 
 
 HELD_OUT_FILES = ("validation.jsonl", "test.jsonl")
@@ -452,11 +457,6 @@ def held_out_differences(store: Any, first_tasks: str, tasks: str) -> list[str]:
         if built_task_order(store, f"{first_tasks}/{name}")
         != built_task_order(store, f"{tasks}/{name}")
     ]
-
-
-def built_task_order(store: Any, key: str) -> list[str]:
-    lines = store.get_bytes(key).decode().splitlines()
-    return [json.loads(line)["task_id"] for line in lines if line.strip()]
 
 
 def prepare_held_out_alike(

@@ -65,18 +65,17 @@ def finished_workers_dir(config: pytest.Config) -> Path:
     return factory.getbasetemp().parent / "workers-finished"
 
 
-def threads_for_a_slow_test(config: pytest.Config) -> int:
+def threads_for_a_slow_test(config: pytest.Config, workers: int) -> int:
     from codeq.cpus import available_cpus
 
     finished_dir = finished_workers_dir(config)
     finished = len(list(finished_dir.iterdir())) if finished_dir.is_dir() else 0
-    _, workers = parallel_worker(config) or ("", 1)
     at_work = max(1, workers - finished)
     return max(1, int(THREADS_WHEN_QUIET or available_cpus()) // at_work)
 
 
-def share_the_cores(config: pytest.Config) -> None:
-    threads = threads_for_a_slow_test(config)
+def share_the_cores(config: pytest.Config, workers: int) -> None:
+    threads = threads_for_a_slow_test(config, workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:  # tests that run torch in this process
         import torch
@@ -86,8 +85,9 @@ def share_the_cores(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    if item.get_closest_marker("slow") and parallel_worker(item.config):
-        share_the_cores(item.config)
+    worker = parallel_worker(item.config)
+    if item.get_closest_marker("slow") and worker:
+        share_the_cores(item.config, workers=worker[1])
     yield
 
 
