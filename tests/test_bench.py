@@ -330,3 +330,76 @@ def test_results_page_replaces_only_the_table_after_its_marker():
     text = "# A\n\n| x |\n|---|\n| 1 |\n\n**Third curve** says:\n\n| y |\n|---|\n| 2 |\n\nafter\n"
     replaced = page.replace_table_after(text, "**Third curve**", "| y |\n|---|\n| 3 |\n| 4 |\n")
     assert replaced == text.replace("| 2 |", "| 3 |\n| 4 |")
+
+
+def test_search_modes_pairs_the_three_searches_at_equal_programs(tiny_model_dir, tmp_path):
+    """bench/search_modes.py on real validation tasks with the tiny model: one evaluation of
+    MCTS, best-of-N and multi-turn best-of-N, every pairing at equal programs on the same tasks,
+    each search's cost, and a verdict in the terms of issue 37's goal."""
+    from codeq import cli
+
+    assert cli.run(["prepare", "--source", "builtin", "--out", str(tmp_path / "tasks")]) == 0
+    validation = tmp_path / "tasks" / "validation.jsonl"
+    out = tmp_path / "modes.json"
+    command = [sys.executable, str(BENCH / "search_modes.py"), "--tasks", str(validation)]
+    command += ["--model", str(tiny_model_dir), "--tiny", "--max-new-tokens", "16"]
+    command += ["--rewrites", "1", "--rollouts", "2", "--samples", "1", "--turns", "2"]
+    command += ["--out", str(tmp_path / "eval"), "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(out.read_text())
+    assert found["split"] == "validation" and found["programs_at_most"] == 2
+    assert [row["mode"] for row in found["rows"]] == [
+        "mcts@1 vs bon@1",
+        "mcts@2 vs bon@2",
+        "mt_bon@1x1 vs bon@1",
+        "mt_bon@1x2 vs bon@2",
+        "mt_bon@1x2 vs mcts@2",
+    ]
+    tasks = set(found["task_ids"])
+    for row in found["rows"]:
+        assert row["tasks"] == len(tasks) and set(row["gained"] + row["lost"]) <= tasks
+    for mode, figures in found["per_task"].items():
+        assert all(set(per_task) == tasks for per_task in figures.values()), mode
+    assert 0 < found["searches"]["bon"]["programs"] <= 2
+    assert "best-of-2 " in found["verdict"] and found["verdict"] in result.stdout
+
+    # the same command again (as after an interruption) reads the trees it saved: the same rows
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=BENCH.parent)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(out.read_text())["rows"] == found["rows"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--tasks", "test.jsonl"], "never on test tasks"),
+        (["--tasks", "validation.jsonl", "--samples", "3"], "must equal --rewrites x --rollouts"),
+    ],
+)
+def test_search_modes_refuses_test_tasks_and_unequal_budgets(arguments, message):
+    command = [sys.executable, str(BENCH / "search_modes.py"), "--model", "m", *arguments]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
+    assert result.returncode != 0 and message in result.stderr
+
+
+def test_search_modes_verdict_names_a_winner_only_at_five_points_and_p_below_005():
+    verdict = load_bench("search_modes").verdict
+
+    def row(first, solved, bon, gained, lost, p):
+        return {
+            "first": first,
+            "second": "bon@16",
+            "candidate_solved": solved,
+            "incumbent_solved": bon,
+            "gained": ["t"] * gained,
+            "lost": ["t"] * lost,
+            "p_better": p,
+        }
+
+    small = [row("mcts@8", 26, 20, 7, 1, 0.035), row("mt_bon@4x4", 21, 20, 2, 1, 0.5)]
+    assert verdict(small, 100, 16).startswith("mcts@8 beats best-of-16 by 6 of 100")
+    assert verdict(small, 143, 16).startswith("no search beats best-of-16 by 5 points")
+    assert "mcts@8: 26 against 20 (+7 / -1" in verdict(small, 143, 16)
+    behind = [row("mcts@8", 18, 24, 1, 7, 0.99), row("mt_bon@4x4", 24, 24, 2, 2, 0.69)]
+    assert "sampling is the better search" in verdict(behind, 60, 16)

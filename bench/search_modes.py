@@ -1,0 +1,202 @@
+"""MCTS, best-of-N and multi-turn best-of-N at equal programs, on validation tasks (never test).
+
+One `codeq evaluate` of one policy (the base model, or --adapter) with modes [bon, mt_bon, mcts]
+on a validation file, with the learning curve's settings (`--search-settings defaults`: the same
+prompt, widening, refinement, depth and generation as the curve's rounds and its test
+measurement). The three searches are sized to write at most the same number of programs a
+task: MCTS's --rollouts R of --rewrites K, multi-turn best-of-N's --turns T of --samples N (so
+N x T = K x R), and best-of-(K x R). Every search chooses its answer the same way (visible
+tests, then the self-critique), and every answer is scored on all of the task's tests (visible
++ hidden). Rows pair, on the same tasks: MCTS at each rollout budget b with best-of-(K x b);
+multi-turn best-of-N at each turn budget t with best-of-(N x t); and the two tree-like
+searches with each other at the full budget. Each row has the tasks gained and lost and the
+exact one-sided McNemar p; --json keeps them with every per-task outcome and the settings.
+
+    OMP_WAIT_POLICY=ACTIVE python bench/search_modes.py \
+        --tasks /work/curve-defaults/store/runs/curve/round-0/tasks/validation.jsonl \
+        --model ~/.cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+        --out /work/search-modes --json docs/results/search-modes/base-validation.json
+
+The evaluation resumes (tree by tree, each mode saved when it finishes): run the same command
+again after an interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from codeq.config import CodeQConfig, load_config  # noqa: E402
+
+MODES = ["bon", "mt_bon", "mcts"]  # bon first: it is the baseline the others are judged by
+
+
+def bench_config(args: argparse.Namespace) -> CodeQConfig:
+    """The learning curve's settings (today's search defaults), with the three searches sized
+    to the same number of programs and every task of the file evaluated."""
+    import learning_curve
+
+    curve_args = ["--search-settings", "defaults", "--model", args.model]
+    if args.tiny:
+        curve_args.append("--tiny")
+    settings = learning_curve.curve_settings(learning_curve.parse_args(curve_args))
+    if args.max_new_tokens:
+        settings["policy"]["max_new_tokens"] = args.max_new_tokens
+    settings["search"].update(
+        {
+            "rewrites_per_expansion": args.rewrites,
+            "rollouts": args.rollouts,
+            "bon_samples": args.rewrites * args.rollouts,
+            "mt_bon_samples": args.samples,
+            "mt_bon_turns": args.turns,
+            "seed": args.seed,
+        }
+    )
+    budgets = sorted({2**i for i in range(args.rollouts.bit_length())} | {args.rollouts})
+    settings["evaluate"] = {"modes": MODES, "rollout_ablation": budgets, "max_tasks": None}
+    settings.pop("store", None)
+    return load_config(None, settings)
+
+
+def paired_row(label: str, first: Any, second: Any, names: tuple[str, str]) -> dict[str, Any]:
+    """`first` against `second` on the same tasks: gained and lost by `first`, exact p."""
+    from codeq.promotion import compare_modes
+
+    paired = compare_modes(label, first, second).model_dump()
+    paired["first"], paired["second"] = names
+    paired["first_programs"] = round(first.programs, 2)
+    paired["second_programs"] = round(second.programs, 2)
+    return paired
+
+
+def rows(results: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every pairing at equal programs that the evaluation can read."""
+    table = []
+    for budget, mcts in sorted(results.mcts_rollout_ablation.items(), key=lambda i: int(i[0])):
+        size = str(args.rewrites * int(budget))
+        if size in results.bon_ablation:
+            names = (f"mcts@{budget}", f"bon@{size}")
+            table.append(paired_row(" vs ".join(names), mcts, results.bon_ablation[size], names))
+    for turns, multi in sorted(results.mt_bon_ablation.items(), key=lambda i: int(i[0])):
+        size = str(args.samples * int(turns))
+        names = (f"mt_bon@{args.samples}x{turns}", f"bon@{size}")
+        table.append(paired_row(" vs ".join(names), multi, results.bon_ablation[size], names))
+    names = (f"mt_bon@{args.samples}x{args.turns}", f"mcts@{args.rollouts}")
+    table.append(
+        paired_row(" vs ".join(names), results.modes["mt_bon"], results.modes["mcts"], names)
+    )
+    return table
+
+
+def verdict(table: list[dict[str, Any]], tasks: int, programs: int) -> str:
+    """Which search answers best at the full budget, in the terms of issue 37's goal: a mode
+    beats best-of-N by >= 5 points with p < 0.05, or sampling is the better search here."""
+    full = [row for row in table if row["second"] == f"bon@{programs}"]
+    winners = [
+        row
+        for row in full
+        if row["p_better"] < 0.05
+        and row["candidate_solved"] - row["incumbent_solved"] >= 0.05 * tasks
+    ]
+    if winners:
+        best = max(winners, key=lambda row: row["candidate_solved"])
+        return (
+            f"{best['first']} beats best-of-{programs} by {best['candidate_solved'] - best['incumbent_solved']} "
+            f"of {tasks} tasks (p = {best['p_better']:.3g})"
+        )
+    best = max(full, key=lambda row: row["candidate_solved"])
+    if best["candidate_solved"] <= best["incumbent_solved"]:
+        return (
+            f"best-of-{programs} solves at least as many as every other search at {programs} "
+            "programs: at this size sampling is the better search"
+        )
+    return (
+        f"no search beats best-of-{programs} by 5 points with p < 0.05; the closest, "
+        f"{best['first']}: {best['candidate_solved']} against {best['incumbent_solved']} "
+        f"(+{len(best['gained'])} / -{len(best['lost'])}, p = {best['p_better']:.3g})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=Path, required=True, help="a validation.jsonl")
+    parser.add_argument("--model", required=True, help="policy.model (a .gguf file, a folder)")
+    parser.add_argument("--adapter", type=Path, help="a LoRA adapter folder (default: base model)")
+    parser.add_argument("--rewrites", type=int, default=2, help="K: MCTS rewrites an expansion")
+    parser.add_argument("--rollouts", type=int, default=8, help="R: MCTS rollouts")
+    parser.add_argument("--samples", type=int, default=4, help="N: multi-turn samples a turn")
+    parser.add_argument("--turns", type=int, default=4, help="T: multi-turn turns at most")
+    parser.add_argument("--max-new-tokens", type=int, default=0, help="default: the curve's")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="the tiny curve's generation sizes")
+    parser.add_argument("--out", type=Path, default=Path("codeq-runs/search-modes"))
+    parser.add_argument("--json", type=Path, help="also write the rows and settings here")
+    args = parser.parse_args()
+    if not args.tasks.name.startswith("validation"):
+        raise SystemExit("error: compare search modes on a validation file, never on test tasks")
+    programs = args.rewrites * args.rollouts
+    if args.samples * args.turns != programs:
+        raise SystemExit(
+            f"error: --samples x --turns ({args.samples} x {args.turns}) must equal --rewrites x "
+            f"--rollouts ({args.rewrites} x {args.rollouts}): the searches are compared at equal "
+            "programs"
+        )
+
+    from codeq.evaluate import evaluate
+
+    config = bench_config(args)
+    started = time.perf_counter()
+    results = evaluate(args.tasks, args.out, config, split="validation", adapter=args.adapter)
+    table = rows(results, args)
+    tasks = len(results.task_ids)
+    print("| figure | tasks | first | second | gained / lost (p) | programs a task |")
+    print("|---|---|---|---|---|---|")
+    for row in table:
+        print(
+            f"| {row['mode']} | {row['tasks']} | {row['candidate_solved']} | "
+            f"{row['incumbent_solved']} | +{len(row['gained'])} / -{len(row['lost'])} "
+            f"(p = {row['p_better']:.3g}) | {row['first_programs']} vs {row['second_programs']} |"
+        )
+    decision = verdict(table, tasks, programs)
+    print(decision)
+    if args.json is not None:
+        from codeq.schemas import write_json
+
+        costs = ("completion_tokens", "prompt_tokens", "seconds", "solved", "programs")
+        write_json(
+            args.json,
+            {
+                "command": "python " + " ".join(sys.argv),
+                "split": results.split,
+                "task_ids": results.task_ids,
+                "model": config.policy.model,
+                "adapter": str(args.adapter) if args.adapter else None,
+                "programs_at_most": programs,
+                "search": config.search.model_dump(mode="json"),
+                "policy": config.policy.model_dump(mode="json"),
+                "rows": table,
+                "verdict": decision,
+                "searches": {
+                    mode: {key: getattr(results.modes[mode], key) for key in costs}
+                    for mode in MODES
+                },
+                "per_task": {
+                    "mcts": {b: r.per_task for b, r in results.mcts_rollout_ablation.items()},
+                    "mt_bon": {t: r.per_task for t, r in results.mt_bon_ablation.items()},
+                    "bon": {n: r.per_task for n, r in results.bon_ablation.items()},
+                },
+                "wall_seconds": round(time.perf_counter() - started, 1),
+            },
+            indent=1,
+        )
+
+
+if __name__ == "__main__":
+    main()
