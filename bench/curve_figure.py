@@ -134,6 +134,7 @@ def load_curve(folder: Path) -> list[dict[str, Any]]:
 
 DEFAULTS_CURVE = "learning-curve-defaults"
 DEFAULTS_TITLE = "Third curve: today's defaults, rounds in git (test: the spent first 60)"
+MEASUREMENT_TITLE = "Third curve's test measurement: the other 137 test tasks"
 
 
 def round_eval(folder: Path, number: int, role: str, split: str) -> EvalResults:
@@ -187,6 +188,35 @@ def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
                 },
             }
         )
+    return rows
+
+
+def load_test_measurement(folder: Path) -> list[dict[str, Any]]:
+    """The third curve's test measurement (`--test-after-chain`): its rows as
+    load_defaults_curve builds them (the validation decisions), with each policy's figures on
+    the 137 other test tasks (<name>-test.json: base, round-N for a promoted round,
+    round-N-candidate for one validation kept out) in place of the first 60, each mode paired
+    against the policy the round was meant to replace. Policies not yet measured are left
+    out, and a mode only one of the two has is not paired."""
+    measured: dict[str, EvalResults] = {}
+    rows = []
+    for row in load_defaults_curve(folder):
+        number = row["round"]
+        name = "base" if number is None else f"round-{number}"
+        if number is not None and not row["promoted"]:
+            name += "-candidate"
+        path = folder / f"{name}-test.json"
+        if not path.is_file():
+            continue
+        results = EvalResults.load(path)
+        measured[row["name"]] = results
+        against = measured.get(row["incumbent"])
+        test_vs = {
+            mode: compare_modes(mode, results.modes[mode], against.modes[mode])
+            for mode in TEST_MODES
+            if against is not None and mode in results.modes and mode in against.modes
+        }
+        rows.append({**row, "file": path.name, "results": results, "test_vs": test_vs})
     return rows
 
 
@@ -360,6 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = load_defaults_curve(args.results / DEFAULTS_CURVE)
     panels.append((DEFAULTS_TITLE, curve_points(rows)))
     print(f"## {DEFAULTS_TITLE} (docs/results/{DEFAULTS_CURVE}/)\n\n{curve_table(rows)}\n")
+    measurement = load_test_measurement(args.results / DEFAULTS_CURVE)
+    if measurement:
+        print(f"## {MEASUREMENT_TITLE} (docs/results/{DEFAULTS_CURVE}/*-test.json)\n")
+        print(curve_table(measurement) + "\n")
     print("## MCTS against best-of-N at equal programs (test, 60 tasks)\n")
     print(search_table(search_rows(args.results)) + "\n")
     print("## The first curve's single pass on the other 137 test tasks\n")

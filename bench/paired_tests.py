@@ -1242,8 +1242,63 @@ def defaults_rounds() -> list[Entry]:
     return found
 
 
+MEASUREMENT_BEGAN = "2026-11-29"  # the third curve's test measurement (--test-after-chain)
+
+
+def same_answers(row: dict[str, Any], rows: list[dict[str, Any]], mode: str) -> bool:
+    """Whether both policies of a row's pairing answered every task in `mode` exactly as in
+    full_rewrite: under search.prompt 'plain' (today's default) the two modes send the same
+    greedy request, so their pairing is full_rewrite's again."""
+    incumbent = next(r for r in rows if r["name"] == row["incumbent"])
+    return all(
+        (modes := r["results"].modes)[mode].per_task == modes["full_rewrite"].per_task
+        and modes[mode].completion_tokens == modes["full_rewrite"].completion_tokens
+        for r in (row, incumbent)
+    )
+
+
+def defaults_test_measurement() -> list[Entry]:
+    """One entry per mode each measured policy of the third curve's test measurement shares
+    with the policy its round was meant to replace, on the 137 test tasks no decision used
+    (bench/curve_figure.py's table on docs/results.md)."""
+    from curve_figure import load_test_measurement, p_text
+
+    rows = load_test_measurement(RESULTS / DEFAULTS)
+    labels = {row["name"]: row["label"] for row in rows}
+    found = []
+    for row in rows:
+        for mode, paired in row["test_vs"].items():
+            if mode != "full_rewrite" and same_answers(row, rows, mode):
+                continue  # the same programs as full_rewrite's: one test, counted once
+            against = labels[row["incumbent"]]
+            gained, lost = len(paired.gained), len(paired.lost)
+            p = p_text(paired.p_better) if gained >= lost else "worse " + p_text(paired.p_worse)
+            kept = "" if row["promoted"] else ", kept out by validation"
+            found.append(
+                e(
+                    f"T137-d-{row['name']}-{mode}",
+                    "test137",
+                    paired.tasks,
+                    MEASUREMENT_BEGAN,
+                    f"third curve, {row['label']}{kept} vs {against}, {mode} (test measurement)",
+                    (gained, lost),
+                    p=p,
+                    where="results.md, Headline (the third curve's test measurement)",
+                    first=(fig(DEFAULTS + row["file"], mode),),
+                    second=(
+                        fig(
+                            DEFAULTS
+                            + next(r["file"] for r in rows if r["name"] == row["incumbent"]),
+                            mode,
+                        ),
+                    ),
+                )
+            )
+    return found
+
+
 def ledger() -> list[Entry]:
-    return LEDGER + defaults_rounds()
+    return LEDGER + defaults_rounds() + defaults_test_measurement()
 
 
 # ------------------------------------------------------------------ checks

@@ -44,6 +44,12 @@ def main() -> None:
     text = replace_table_after(text, "## Paired tests per split", counts)
     rows = curve_figure.load_defaults_curve(REPO / "docs" / "results" / "learning-curve-defaults")
     text = replace_table_after(text, "**Third curve**", curve_figure.curve_table(rows))
+    measured = curve_figure.load_test_measurement(
+        REPO / "docs" / "results" / "learning-curve-defaults"
+    )
+    if measured:
+        table = curve_figure.curve_table(measured)
+        text = replace_table_after(text, "**The third curve's test measurement**", table)
     PAGE.write_text(text)
     png = REPO / "docs" / "results" / "learning-curves.png"
     subprocess.run(

@@ -146,3 +146,22 @@ def test_the_widening_paragraph_s_8_rollout_figures_from_the_committed_files() -
     )
     assert refused.returncode != 0
     assert "the first results have no figure 'mcts@16'" in refused.stderr
+
+
+def test_the_third_curves_test_measurement_pairs_each_policy_with_its_predecessor() -> None:
+    """The 137 other test tasks, measured once after the chain: round 3's promoted policy
+    against the base model in both single-pass modes, on the same tasks."""
+    rows = curve_figure.load_test_measurement(RESULTS / "learning-curve-defaults")
+    by_name = {row["name"]: row for row in rows}
+    assert set(by_name) >= {"base", "round-3"}
+    base, round_3 = by_name["base"]["results"], by_name["round-3"]["results"]
+    assert base.task_ids == round_3.task_ids and len(base.task_ids) == 137
+    assert by_name["round-3"]["incumbent"] == "base" and by_name["round-3"]["promoted"]
+    for mode in ("full_rewrite", "zero_shot"):
+        paired = by_name["round-3"]["test_vs"][mode]
+        assert paired.tasks == 137
+        assert paired.candidate_solved == round_3.modes[mode].solved
+        assert paired.incumbent_solved == base.modes[mode].solved
+    for row in rows:  # the others: candidates validation kept out, reported beside them
+        if row["name"] not in ("base", "round-3"):
+            assert not row["promoted"] and row["file"] == f"{row['name']}-candidate-test.json"
