@@ -453,8 +453,8 @@ class Curve:
                 limit = {"max_tasks": None}
             engine = load_policy(ctx, policy)
             merged = recorded
-            for mode in missing:  # saved after each: a curve cut short keeps the modes it finished
-                evaluation = self.config.evaluate.model_copy(update={"modes": [mode], **limit})
+            for modes in batches_of(missing):  # saved after each: a curve cut short keeps them
+                evaluation = self.config.evaluate.model_copy(update={"modes": modes, **limit})
                 results = evaluate(
                     tasks_dir,
                     self.args.out / "eval" / name,
@@ -631,6 +631,14 @@ WEIGHTS = {
 MODE_WEIGHTS = {"zero_shot": 0.5, "full_rewrite": 0.5, "bon": 4.5, "mcts": 4.5}
 ROUND_STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 TRIAL_STAGES = ("train", "evaluate", "promote", "report")  # what each learning-rate trial reruns
+
+
+def batches_of(modes: list[str]) -> list[list[str]]:
+    """One evaluation a mode, saved after each, but the single-pass modes in one: under the
+    plain first turn full_rewrite asks what zero_shot asks, and one evaluation then reuses
+    zero_shot's answers instead of writing them again (codeq.evaluate)."""
+    single = [mode for mode in modes if mode in SINGLE_PASS_MODES]
+    return ([single] if single else []) + [[mode] for mode in modes if mode not in single]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

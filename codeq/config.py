@@ -478,9 +478,10 @@ class PromotionConfig(Section):
         default_factory=lambda: list(DEFAULT_GUARD_MODES),
         description="Modes also evaluated on the validation split (greedy answers) only to "
         "check that the candidate is not significantly worse there (one-sided exact McNemar at "
-        "promotion.level): a loss in a mode not trained on blocks promotion. Recommended: "
-        "[zero_shot] (on the test split it fell from 9 to 6 of 60 tasks twice, "
-        "unchecked); [] checks promotion.modes only, the rule before this key.",
+        "promotion.level): a loss in a mode not trained on blocks promotion. [zero_shot] with "
+        "search.prompt 'detailed' (on the test split it fell from 9 to 6 of 60 tasks twice, "
+        "unchecked); under 'plain' (the default) zero_shot asks what full_rewrite asks, so it "
+        "is refused as a guard of full_rewrite. [] checks promotion.modes only.",
     )
 
     force_rounds: list[int] = Field(
@@ -671,6 +672,16 @@ class CodeQConfig(BaseSettings):
         if self.tasks.test_fraction + self.tasks.validation_fraction >= 1.0:
             raise ValueError(
                 "tasks.test_fraction + tasks.validation_fraction must leave slugs for training"
+            )
+        single = {"zero_shot", "full_rewrite"}
+        gate = set(self.promotion.modes) & single
+        repeated = set(self.promotion.guard_modes) & single - gate
+        if self.search.prompt == "plain" and gate and repeated:
+            raise ValueError(
+                f"promotion.guard_modes {sorted(repeated)} asks what promotion.modes "
+                f"{sorted(gate)} asks under search.prompt 'plain' (the same greedy request), "
+                "so it repeats their answers and can never catch a loss: leave it out, or set "
+                "search.prompt 'detailed'"
             )
         return self
 

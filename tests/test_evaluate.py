@@ -384,3 +384,30 @@ def test_a_single_answer_mode_samples_answers_beside_its_greedy_one(test_tasks, 
     assert fewer.modes["full_rewrite"].sampled.per_task == {first: 1, second: 2, third: 0}
     with pytest.raises(ConfigError, match="cannot sample answers in 'mcts'"):
         run({"mcts": 2}, "mcts")
+
+
+@pytest.mark.parametrize(("prompt", "asked_once"), [("plain", True), ("detailed", False)])
+def test_the_two_single_passes_are_generated_once_when_they_ask_the_same(
+    test_tasks, tmp_path, prompt, asked_once
+) -> None:
+    """Under search.prompt 'plain' full_rewrite sends zero_shot's greedy request: its answers are
+    zero_shot's trees under its own name, not written again; under 'detailed' both are asked."""
+    tasks = read_jsonl(test_tasks, Task)[:3]
+    plans = {tasks[0].task_id: "fix", tasks[1].task_id: "never", tasks[2].task_id: "fix"}
+    config = load_config(
+        overrides={
+            "search": {"prompt": prompt},
+            "evaluate": {"max_tasks": 3, "modes": ["zero_shot", "full_rewrite"]},
+            "sandbox": {"backend": "subprocess", "workers": 2},
+        }
+    )
+    policy = ScriptedPolicy(tasks, plans)
+    results = evaluate(test_tasks, tmp_path, config, engine=policy)
+
+    assert sum(policy.calls.values()) == (3 if asked_once else 6)
+    zero_shot, full_rewrite = results.modes["zero_shot"], results.modes["full_rewrite"]
+    assert zero_shot.per_task == full_rewrite.per_task
+    assert zero_shot.solved == full_rewrite.solved == 2
+    trees = read_jsonl(tmp_path / "trajectories-full_rewrite.jsonl", Trajectory)
+    assert {tree.mode for tree in trees} == {"full_rewrite"}
+    assert full_rewrite.completion_tokens == zero_shot.completion_tokens == 3

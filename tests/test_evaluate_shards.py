@@ -42,7 +42,13 @@ SETTINGS: dict[str, Any] = {
     **TINY_SETTINGS,
     "tasks": {"max_items": 16, "train_per_round": 3},
     # groups of 2: with 2 shards, shard 0 takes tasks 0-1 of each split, shard 1 tasks 2-3
-    "search": {**TINY_SETTINGS["search"], "parallel_trees": 2, "bon_samples": 2},
+    # the detailed first turn: the zero_shot guard then asks another prompt than full_rewrite
+    "search": {
+        **TINY_SETTINGS["search"],
+        "parallel_trees": 2,
+        "bon_samples": 2,
+        "prompt": "detailed",
+    },
     "evaluate": {"modes": ["zero_shot", "mcts", "bon"], "rollout_ablation": [1], "max_tasks": 4},
     "promotion": {
         "modes": ["full_rewrite"],

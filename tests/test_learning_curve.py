@@ -220,6 +220,21 @@ def test_the_chain_ends_at_k_promotions_in_a_row_or_when_the_rounds_left_cannot_
     assert chain_end(10, 0, rounds=12, wanted=0) is None  # without the option: every round
 
 
+def test_test_modes_evaluate_the_single_passes_together_and_each_search_mode_alone():
+    """Together, so that under the plain prompt full_rewrite reuses zero_shot's answers; bon
+    before mcts as asked; each batch saved before the next."""
+    from test_bench import load_bench
+
+    batches_of = load_bench("learning_curve").batches_of
+    assert batches_of(["zero_shot", "full_rewrite", "bon", "mcts"]) == [
+        ["zero_shot", "full_rewrite"],
+        ["bon"],
+        ["mcts"],
+    ]
+    assert batches_of(["full_rewrite", "mcts"]) == [["full_rewrite"], ["mcts"]]
+    assert batches_of(["bon", "mcts"]) == [["bon"], ["mcts"]]
+
+
 def test_search_candidates_outside_the_curves_rounds_are_refused_before_anything_runs(tmp_path):
     refused = run_curve(tmp_path / "curve", extra=("--search-candidates", "2", "5"))
     assert refused.returncode != 0

@@ -416,6 +416,22 @@ def test_result_and_decision_files_written_before_sampled_answers_still_load() -
     assert again.reason == recorded.reason
 
 
+def test_a_guard_mode_that_asks_what_the_gate_asks_is_refused() -> None:
+    """Under search.prompt 'plain' zero_shot and full_rewrite send one greedy request: a guard
+    that repeats the gate's answers can never catch a loss, so the config says so."""
+    from codeq.config import load_config
+    from codeq.errors import ConfigError
+
+    guarded = {"modes": ["full_rewrite"], "guard_modes": ["zero_shot"]}
+    with pytest.raises(ConfigError, match="repeats their answers") as refused:
+        load_config(overrides={"promotion": guarded, "search": {"prompt": "plain"}})
+    assert "search.prompt 'detailed'" in str(refused.value)
+    detailed = load_config(overrides={"promotion": guarded, "search": {"prompt": "detailed"}})
+    assert detailed.promotion.guard_modes == ["zero_shot"]
+    both_gate = {"modes": ["full_rewrite", "zero_shot"], "guard_modes": []}
+    assert load_config(overrides={"promotion": both_gate}).promotion.modes[1] == "zero_shot"
+
+
 def test_the_new_keys_at_their_old_values_leave_stage_fingerprints_unchanged() -> None:
     """promotion.samples 0 and guard_modes [] reproduce the rule before these keys: left out of
     the evaluate and promote fingerprints, so earlier runs resume; other values are in them."""
@@ -423,7 +439,8 @@ def test_the_new_keys_at_their_old_values_leave_stage_fingerprints_unchanged() -
     from codeq.pipeline.fingerprint import stage_config
 
     before = load_config(overrides={"promotion": {"samples": 0, "guard_modes": []}})
-    after = load_config(overrides={"promotion": {"samples": 8, "guard_modes": ["zero_shot"]}})
+    guarded = {"samples": 8, "guard_modes": ["zero_shot"]}
+    after = load_config(overrides={"promotion": guarded, "search": {"prompt": "detailed"}})
     for stage in ("evaluate", "promote"):
         assert "promotion.samples" not in stage_config(before, stage)
         assert "promotion.guard_modes" not in stage_config(before, stage)
@@ -451,6 +468,8 @@ def test_a_round_evaluates_sampled_answers_and_guard_modes_and_decides_on_them(
             **TINY_SETTINGS,
             "policy": {**TINY_SETTINGS["policy"], "model": str(tiny_model_dir)},
             "promotion": {"max_tasks": 2, "samples": 2, "guard_modes": ["zero_shot"]},
+            # a guard asks another prompt than the gate: zero_shot's plain one
+            "search": {**TINY_SETTINGS["search"], "prompt": "detailed"},
             "store": {"uri": f"file://{tmp_path}/store", "run": "sampled"},
         },
     )

@@ -40,7 +40,7 @@ from codeq.evaluate.results import (
 from codeq.evaluate.stats import rate, summarize
 from codeq.progress import progress_bar
 from codeq.schemas import Lineage, Node, Task, Trajectory, read_jsonl, write_jsonl
-from codeq.search.tree import TieBreak, critique_tie_break, final_answer
+from codeq.search.tree import TieBreak, critique_tie_break, final_answer, single_passes_alike
 from codeq.shards import shard_of_groups
 
 log = logging.getLogger(__name__)
@@ -223,8 +223,14 @@ class _Evaluation:
             seed=self.config.search.seed,
             modes={},
         )
+        single_pass: tuple[EvalMode, list[Trajectory], float] | None = None
         for mode in modes:
-            trajectories, seconds = self._search(mode, sandbox)
+            if single_pass is not None and mode in SINGLE_ANSWER_MODES and self._alike():
+                trajectories, seconds = self._reuse(single_pass, mode)
+            else:
+                trajectories, seconds = self._search(mode, sandbox)
+            if mode in SINGLE_ANSWER_MODES and single_pass is None:
+                single_pass = (mode, trajectories, seconds)
             write_jsonl(self.out_dir / f"trajectories-{mode}.jsonl", trajectories)
             if mode == "mcts":
                 self._add_mcts(results, trajectories, seconds, sandbox)
@@ -247,6 +253,26 @@ class _Evaluation:
             )
         results.save(self.out_dir / "results.json")
         return results
+
+    def _alike(self) -> bool:
+        return single_passes_alike(self.tasks, self.config.search.prompt)
+
+    def _reuse(
+        self, done: tuple[EvalMode, list[Trajectory], float], mode: EvalMode
+    ) -> tuple[list[Trajectory], float]:
+        """`mode`'s trees when it asks what the single pass already run asked (zero_shot and
+        full_rewrite under search.prompt 'plain'): that mode's trees under this mode's name,
+        with their tokens and time, instead of writing the same programs again."""
+        other, trajectories, seconds = done
+        log.info(
+            "%s asks every task what %s asked (search.prompt %r): its answers are %s's, not "
+            "generated again",
+            mode,
+            other,
+            self.config.search.prompt,
+            other,
+        )
+        return [t.model_copy(update={"mode": mode}) for t in trajectories], seconds
 
     def _search(self, mode: EvalMode, sandbox: Any) -> tuple[list[Trajectory], float]:
         """Search every task in `mode`, resumably (`_resumable`)."""

@@ -130,6 +130,13 @@ class SearchSettings:
         )
 
 
+def single_passes_alike(tasks: Sequence[Task], prompt: str) -> bool:
+    """Whether the greedy single pass with first-turn prompt `prompt` ('full_rewrite') asks
+    every task exactly what the plain single pass ('zero_shot') asks: then, both greedy and
+    without a critique, they write the same programs (true of search.prompt 'plain')."""
+    return all(first_turn_messages(task, prompt) == plain_messages(task) for task in tasks)
+
+
 def request_seed(seed: int, task_id: str, *parts: object) -> int:
     """A sampling request's own seed: a hash of the search seed, the task and where in the
     tree it asks (so it is the same however requests are scheduled or batched)."""
