@@ -1265,6 +1265,7 @@ def defaults_test_measurement() -> list[Entry]:
 
     rows = load_test_measurement(RESULTS / DEFAULTS)
     labels = {row["name"]: row["label"] for row in rows}
+    files = {row["name"]: DEFAULTS + row["file"] for row in rows}
     found = []
     for row in rows:
         for mode, paired in row["test_vs"].items():
@@ -1284,14 +1285,8 @@ def defaults_test_measurement() -> list[Entry]:
                     (gained, lost),
                     p=p,
                     where="results.md, Headline (the third curve's test measurement)",
-                    first=(fig(DEFAULTS + row["file"], mode),),
-                    second=(
-                        fig(
-                            DEFAULTS
-                            + next(r["file"] for r in rows if r["name"] == row["incumbent"]),
-                            mode,
-                        ),
-                    ),
+                    first=(fig(files[row["name"]], mode),),
+                    second=(fig(files[row["incumbent"]], mode),),
                 )
             )
     return found

@@ -675,7 +675,8 @@ class CodeQConfig(BaseSettings):
             )
         single = {"zero_shot", "full_rewrite"}
         gate = set(self.promotion.modes) & single
-        repeated = set(self.promotion.guard_modes) & single - gate
+        repeated = set(self.promotion.guard_modes) & (single - gate)
+        # the plain first turn is zero_shot's prompt (codeq.search.tree.single_passes_alike)
         if self.search.prompt == "plain" and gate and repeated:
             raise ValueError(
                 f"promotion.guard_modes {sorted(repeated)} asks what promotion.modes "
