@@ -18,7 +18,10 @@ exact one-sided McNemar p; --json keeps them with every per-task outcome and the
         --out /work/search-modes --json docs/results/search-modes/base-validation.json
 
 The evaluation resumes (tree by tree, each mode saved when it finishes): run the same command
-again after an interruption.
+again after an interruption. On another machine: `--keep DIR` restores the searched trees a
+`--persist` run compressed into DIR (committed to git) before it goes on:
+
+    python bench/search_modes.py ... --keep docs/results/search-modes/base-trees --persist
 """
 
 from __future__ import annotations
@@ -124,6 +127,36 @@ def verdict(table: list[dict[str, Any]], tasks: int, programs: int) -> str:
     )
 
 
+def persist_trees(out: Path, keep: Path) -> None:
+    """Every resume file of the evaluation in `out` (each mode's searched trees and their key)
+    compressed into `keep`, replacing what it held: what another machine needs to go on."""
+    import lzma
+
+    from codeq.evaluate.run import is_resume_file
+
+    keep.mkdir(parents=True, exist_ok=True)
+    for old in keep.glob("*.xz"):
+        old.unlink()
+    for path in sorted(out.iterdir()):
+        if is_resume_file(path.name):
+            (keep / f"{path.name}.xz").write_bytes(lzma.compress(path.read_bytes(), preset=9))
+    size = sum(path.stat().st_size for path in keep.glob("*.xz"))
+    print(f"kept {len(list(keep.glob('*.xz')))} files, {size / 1e6:.1f} MB, in {keep}")
+
+
+def restore_trees(keep: Path, out: Path) -> None:
+    """The trees `persist_trees` kept, into an evaluation folder that does not hold them yet
+    (a folder that does is further along: it is left as it is)."""
+    import lzma
+
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(keep.glob("*.xz")):
+        target = out / path.name.removesuffix(".xz")
+        if not target.exists():
+            target.write_bytes(lzma.decompress(path.read_bytes()))
+            print(f"restored {target.name} from {keep}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=Path, required=True, help="a validation.jsonl")
@@ -138,7 +171,20 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny curve's generation sizes")
     parser.add_argument("--out", type=Path, default=Path("codeq-runs/search-modes"))
     parser.add_argument("--json", type=Path, help="also write the rows and settings here")
+    parser.add_argument(
+        "--keep", type=Path, help="compressed trees for git: restored into --out first"
+    )
+    parser.add_argument(
+        "--persist",
+        action="store_true",
+        help="compress the trees --out holds so far into --keep and exit (beside a run)",
+    )
     args = parser.parse_args()
+    if args.persist:
+        if args.keep is None:
+            raise SystemExit("error: --persist writes into --keep DIR; name one")
+        persist_trees(args.out, args.keep)
+        return
     if not args.tasks.name.startswith("validation"):
         raise SystemExit("error: compare search modes on a validation file, never on test tasks")
     programs = args.rewrites * args.rollouts
@@ -151,6 +197,8 @@ def main() -> None:
 
     from codeq.evaluate import evaluate
 
+    if args.keep is not None and args.keep.is_dir():
+        restore_trees(args.keep, args.out)
     config = bench_config(args)
     started = time.perf_counter()
     results = evaluate(args.tasks, args.out, config, split="validation", adapter=args.adapter)

@@ -369,6 +369,31 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(tiny_model_dir,
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(out.read_text())["rows"] == found["rows"]
 
+    # another machine: the trees kept for git, restored into an empty folder, give the same rows
+    keep = tmp_path / "kept"
+    persist = command + ["--keep", str(keep), "--persist"]
+    kept = subprocess.run(persist, capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert {p.name for p in keep.iterdir()} >= {
+        f"trajectories-{mode}.partial.jsonl.xz" for mode in ("bon", "mt_bon", "mcts")
+    }
+    elsewhere = [
+        tmp_path / "elsewhere" if part == str(tmp_path / "eval") else part for part in command
+    ]
+    moved = subprocess.run(
+        [str(part) for part in elsewhere] + ["--keep", str(keep)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=BENCH.parent,
+    )
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert "restored trajectories-mcts.partial.jsonl" in moved.stderr
+    for mode in ("bon", "mt_bon", "mcts"):  # nothing searched again: the same trees, no more
+        name = f"trajectories-{mode}.partial.jsonl"
+        assert (tmp_path / "elsewhere" / name).read_text() == (tmp_path / "eval" / name).read_text()
+    assert json.loads(out.read_text())["rows"] == found["rows"]
+
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
