@@ -191,20 +191,18 @@ def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_test_measurement(folder: Path) -> list[dict[str, Any]]:
-    """The third curve's test measurement (`--test-after-chain`): its rows as
-    load_defaults_curve builds them (the validation decisions), with each policy's figures on
-    the 137 other test tasks (<name>-test.json: base, round-N for a promoted round,
-    round-N-candidate for one validation kept out) in place of the first 60, each mode paired
-    against the policy the round was meant to replace. Policies not yet measured are left
-    out, and a mode only one of the two has is not paired."""
+def load_test_measurement(folder: Path, curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The third curve's test measurement (`--test-after-chain`): the rows load_defaults_curve
+    built from `folder` (`curve`: the validation decisions), with each policy's figures on the
+    137 other test tasks (the file each round-N.json names, test_policy or test_candidate, and
+    base-test.json) in place of the first 60, each mode paired against the policy the round was
+    meant to replace. Policies not yet measured are left out, and a mode only one of the two
+    has is not paired."""
+    names = {e["round"]: e["test_policy"] or e["test_candidate"] for e in round_files(folder)}
     measured: dict[str, EvalResults] = {}
     rows = []
-    for row in load_defaults_curve(folder):
-        number = row["round"]
-        name = "base" if number is None else f"round-{number}"
-        if number is not None and not row["promoted"]:
-            name += "-candidate"
+    for row in curve:
+        name = "base" if row["round"] is None else names[row["round"]]
         path = folder / f"{name}-test.json"
         if not path.is_file():
             continue
@@ -390,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = load_defaults_curve(args.results / DEFAULTS_CURVE)
     panels.append((DEFAULTS_TITLE, curve_points(rows)))
     print(f"## {DEFAULTS_TITLE} (docs/results/{DEFAULTS_CURVE}/)\n\n{curve_table(rows)}\n")
-    measurement = load_test_measurement(args.results / DEFAULTS_CURVE)
+    measurement = load_test_measurement(args.results / DEFAULTS_CURVE, rows)
     if measurement:
         print(f"## {MEASUREMENT_TITLE} (docs/results/{DEFAULTS_CURVE}/*-test.json)\n")
         print(curve_table(measurement) + "\n")

@@ -1261,9 +1261,9 @@ def defaults_test_measurement() -> list[Entry]:
     """One entry per mode each measured policy of the third curve's test measurement shares
     with the policy its round was meant to replace, on the 137 test tasks no decision used
     (bench/curve_figure.py's table on docs/results.md)."""
-    from curve_figure import load_test_measurement, p_text
+    from curve_figure import load_defaults_curve, load_test_measurement, p_text
 
-    rows = load_test_measurement(RESULTS / DEFAULTS)
+    rows = load_test_measurement(RESULTS / DEFAULTS, load_defaults_curve(RESULTS / DEFAULTS))
     labels = {row["name"]: row["label"] for row in rows}
     files = {row["name"]: DEFAULTS + row["file"] for row in rows}
     found = []

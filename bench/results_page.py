@@ -42,11 +42,10 @@ def main() -> None:
     text = PAGE.read_text()
     counts = paired_tests.counts_table(entries, backings)
     text = replace_table_after(text, "## Paired tests per split", counts)
-    rows = curve_figure.load_defaults_curve(REPO / "docs" / "results" / "learning-curve-defaults")
+    folder = REPO / "docs" / "results" / "learning-curve-defaults"
+    rows = curve_figure.load_defaults_curve(folder)
     text = replace_table_after(text, "**Third curve**", curve_figure.curve_table(rows))
-    measured = curve_figure.load_test_measurement(
-        REPO / "docs" / "results" / "learning-curve-defaults"
-    )
+    measured = curve_figure.load_test_measurement(folder, rows)
     if measured:
         table = curve_figure.curve_table(measured)
         text = replace_table_after(text, "**The third curve's test measurement**", table)

@@ -151,7 +151,8 @@ def test_the_widening_paragraph_s_8_rollout_figures_from_the_committed_files() -
 def test_the_third_curves_test_measurement_pairs_each_policy_with_its_predecessor() -> None:
     """The 137 other test tasks, measured once after the chain: round 3's promoted policy
     against the base model in both single-pass modes, on the same tasks."""
-    rows = curve_figure.load_test_measurement(RESULTS / "learning-curve-defaults")
+    folder = RESULTS / "learning-curve-defaults"
+    rows = curve_figure.load_test_measurement(folder, curve_figure.load_defaults_curve(folder))
     by_name = {row["name"]: row for row in rows}
     assert set(by_name) >= {"base", "round-3"}
     base, round_3 = by_name["base"]["results"], by_name["round-3"]["results"]
