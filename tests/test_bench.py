@@ -363,6 +363,10 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(tiny_model_dir,
         assert all(set(per_task) == tasks for per_task in figures.values()), mode
     assert 0 < found["searches"]["bon"]["programs"] <= 2
     assert "best-of-2 " in found["verdict"] and found["verdict"] in result.stdout
+    assert [choice["mode"] for choice in found["selection"]] == ["bon", "mt_bon", "mcts"]
+    for choice in found["selection"]:  # the choice can lose only tasks some rewrite solves
+        assert set(choice["lost"]) <= tasks and len(choice["lost"]) <= choice["solvable"]
+        assert choice["solvable"] <= choice["visible_passing"] <= len(tasks)
 
     # the same command again (as after an interruption) reads the trees it saved: the same rows
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=BENCH.parent)

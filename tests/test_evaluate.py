@@ -218,6 +218,81 @@ def test_the_unchanged_buggy_program_is_never_counted_as_solved(test_tasks) -> N
         assert all(fully_passed(tasks, [t.oracle_code for t in tasks], sandbox).values())
 
 
+SPECIAL_INPUT = 123456789  # a hidden test's input that only the "special" rewrite answers
+
+
+class TwoRewritesPolicy:
+    """Writes two rewrites of count-digits in one request: the oracle, which passes the visible
+    tests but not the hidden one below, and the oracle with a special case that passes every
+    test; the critique scores the rewrite `preferred` names 9/10 and the other 1/10."""
+
+    name = "two-rewrites"
+
+    def __init__(self, task: Task, preferred: str) -> None:
+        special = task.oracle_code.replace(
+            "        digits = 1\n",
+            f"        if n == {SPECIAL_INPUT}:\n            return -1\n        digits = 1\n",
+        )
+        assert special != task.oracle_code
+        self.programs = {"oracle": task.oracle_code, "special": special}
+        self.preferred = preferred
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        results = []
+        for request in requests:
+            if request.stop == "score":
+                text = "\n".join(message.content for message in request.messages)
+                shown = "special" if str(SPECIAL_INPUT) in text else "oracle"
+                texts = [f"Score: {9 if shown == self.preferred else 1}/10"] * request.n
+            else:
+                programs = [self.programs["oracle"], self.programs["special"]]
+                texts = [f"```python\n{programs[i % 2]}\n```" for i in range(request.n)]
+            results.append(
+                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
+            )
+        return results
+
+
+@pytest.mark.parametrize(("preferred", "lost"), [("oracle", True), ("special", False)])
+def test_a_search_records_the_tasks_its_choice_of_answer_lost(
+    test_tasks, tmp_path, preferred, lost
+) -> None:
+    """Both rewrites pass the visible tests and the critique breaks the tie; only one passes
+    the hidden test too. The task is solvable either way; the choice loses it when the critique
+    prefers the other rewrite, and the report's table says so."""
+    task = next(t for t in read_jsonl(test_tasks, Task) if t.slug == "count-digits")
+    hidden = task.visible_tests[0].model_copy(deep=True)
+    hidden.call["args"], hidden.expected = [SPECIAL_INPUT], -1
+    task = task.model_copy(update={"hidden_tests": [hidden]})
+    tasks_file = tmp_path / "validation.jsonl"
+    tasks_file.write_text(task.model_dump_json() + "\n")
+    config = load_config(
+        overrides={
+            "search": {"bon_samples": 2, "rewrites_per_expansion": 1, "rollouts": 1},
+            "evaluate": {"modes": ["bon"], "max_tasks": None, "rollout_ablation": [1]},
+            "sandbox": {"backend": "subprocess", "workers": 2},
+        }
+    )
+    policy = TwoRewritesPolicy(task, preferred)
+    results = evaluate(tasks_file, tmp_path / "eval", config, engine=policy, split="validation")
+
+    selection = results.modes["bon"].selection
+    assert selection is not None
+    assert (selection.visible_passing, selection.solvable) == (1, [task.task_id])
+    assert selection.lost == ([task.task_id] if lost else [])
+    assert results.modes["bon"].per_task == {task.task_id: not lost}
+    assert results.bon_ablation["1"].selection is None  # only the full budget is judged
+    from codeq.report import render_report
+
+    index = render_report(tmp_path / "report", results=tmp_path / "eval")
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert summary["evaluation"]["selection"] == {
+        "bon": {"visible_passing": 1, "solvable": 1, "lost": int(lost)}
+    }
+    assert f"| bon | 1 | 1 | {int(lost)} |" in (tmp_path / "report" / "report.md").read_text()
+    assert 'id="selection"' in index.read_text()
+
+
 class CrashingPolicy(ScriptedPolicy):
     """The scripted policy, interrupted (as by preemption) once `crash_after` requests of one
     task have been answered in MCTS."""

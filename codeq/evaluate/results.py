@@ -46,6 +46,25 @@ class SampledPasses(BaseModel):
     pass_rate: float = Field(description="Passing sampled answers over all sampled answers.")
 
 
+class Selection(BaseModel):
+    """How a whole search chose its one answer among the rewrites it wrote, against an oracle
+    that knew the hidden tests: the tasks it could have solved and the ones its choice lost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    visible_passing: int = Field(
+        description="Tasks where some rewrite passes every visible test (the search's reward)."
+    )
+    solvable: list[str] = Field(
+        description="Tasks where some rewrite passes every test, visible and hidden: an "
+        "oracle's choice would solve them."
+    )
+    lost: list[str] = Field(
+        description="Solvable tasks whose returned program fails a test: lost by the choice "
+        "among the rewrites (visible tests, then the tie-break), not by the search."
+    )
+
+
 class ModeResult(Rate):
     """One mode on every task: the returned program of each task, scored on all its tests."""
 
@@ -65,6 +84,9 @@ class ModeResult(Rate):
     samples: int | None = Field(None, description="Best-of-N: N; multi-turn best-of-N: N per turn.")
     sampled: SampledPasses | None = Field(
         None, description="Single-answer modes on validation: k sampled answers per task too."
+    )
+    selection: Selection | None = Field(
+        None, description="Searches at their full budget: the answer's choice against an oracle's."
     )
 
 

@@ -34,6 +34,7 @@ from codeq.evaluate.results import (
     EvalResults,
     ModeResult,
     SampledPasses,
+    Selection,
     Split,
     primary_mode,
 )
@@ -466,7 +467,11 @@ class _Evaluation:
             results.mcts_rollout_ablation[str(budget)] = self._score(
                 trajectories, candidates, seconds, sandbox, rollouts=budget
             )
-        results.modes["mcts"] = results.mcts_rollout_ablation[str(self.config.search.rollouts)]
+        full = str(self.config.search.rollouts)
+        results.mcts_rollout_ablation[full] = self._with_selection(
+            results.mcts_rollout_ablation[full], trajectories, sandbox
+        )
+        results.modes["mcts"] = results.mcts_rollout_ablation[full]
         passed = any_node_passed(self.tasks, trajectories, sandbox)
         results.any_node_passed = AnyNodeResult(
             label=ANY_NODE_LABEL,
@@ -482,7 +487,11 @@ class _Evaluation:
             results.bon_ablation[str(size)] = self._score(
                 trajectories, candidates, seconds, sandbox, samples=size
             )
-        results.modes["bon"] = results.bon_ablation[str(self.config.search.bon_samples)]
+        full = str(self.config.search.bon_samples)
+        results.bon_ablation[full] = self._with_selection(
+            results.bon_ablation[full], trajectories, sandbox
+        )
+        results.modes["bon"] = results.bon_ablation[full]
 
     def _add_mt_bon(
         self, results: EvalResults, trajectories: list[Trajectory], seconds: float, sandbox: Any
@@ -493,7 +502,40 @@ class _Evaluation:
             results.mt_bon_ablation[str(turns)] = self._score(
                 trajectories, candidates, seconds, sandbox, rollouts=turns, samples=samples
             )
-        results.modes["mt_bon"] = results.mt_bon_ablation[str(max(self.turns))]
+        full = str(max(self.turns))
+        results.mt_bon_ablation[full] = self._with_selection(
+            results.mt_bon_ablation[full], trajectories, sandbox
+        )
+        results.modes["mt_bon"] = results.mt_bon_ablation[full]
+
+    def _with_selection(
+        self, result: ModeResult, trajectories: list[Trajectory], sandbox: Any
+    ) -> ModeResult:
+        """`result` with how its answers were chosen: every distinct rewrite that passes all
+        the visible tests is run on all the task's tests too (one that fails a visible test
+        cannot pass them all), so the tasks an oracle's choice would solve are known."""
+        from codeq.tasks import score_programs
+
+        items = [
+            (task, program)
+            for task, trajectory in zip(self.tasks, trajectories, strict=True)
+            for program in sorted(
+                {
+                    node.program
+                    for node in trajectory.nodes[1:]
+                    if node.valid and node.verdict is not None and node.verdict.passed
+                }
+            )
+        ]
+        verdicts = score_programs(items, "all", sandbox)
+        solvable = {task.task_id for (task, _), v in zip(items, verdicts, strict=True) if v.passed}
+        ordered = [task.task_id for task in self.tasks if task.task_id in solvable]
+        selection = Selection(
+            visible_passing=len({task.task_id for task, _ in items}),
+            solvable=ordered,
+            lost=[task_id for task_id in ordered if not result.per_task[task_id]],
+        )
+        return result.model_copy(update={"selection": selection})
 
 
 _RESUME_PREFIX, _RESUME_TREES, _RESUME_STATE = "trajectories-", ".partial.jsonl", ".partial.json"

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from codeq.errors import CorruptInputError
-from codeq.evaluate.results import AnyNodeResult, EvalResults, ModeResult, SampledPasses
+from codeq.evaluate.results import (
+    AnyNodeResult,
+    EvalResults,
+    ModeResult,
+    SampledPasses,
+    Selection,
+)
 from codeq.evaluate.stats import rate, summarize
 from codeq.schemas import Task
 
@@ -102,6 +108,27 @@ def merge_mode(parts: Sequence[ModeResult], tasks: Sequence[Task], confidence: f
         rollouts=first.rollouts,
         samples=first.samples,
         sampled=_merge_sampled(parts, tasks),
+        selection=_merge_selection(parts, tasks),
+    )
+
+
+def _merge_selection(parts: Sequence[ModeResult], tasks: Sequence[Task]) -> Selection | None:
+    found = [part.selection for part in parts]
+    if all(selection is None for selection in found):
+        return None
+    present = [selection for selection in found if selection is not None]
+    if len(present) < len(found):
+        raise CorruptInputError(
+            "the shards of one mode differ: some recorded how their answers were chosen",
+            hint=REBUILD_HINT,
+        )
+    solvable = {task_id for selection in present for task_id in selection.solvable}
+    lost = {task_id for selection in present for task_id in selection.lost}
+    order = [task.task_id for task in tasks]
+    return Selection(
+        visible_passing=sum(selection.visible_passing for selection in present),
+        solvable=[task_id for task_id in order if task_id in solvable],
+        lost=[task_id for task_id in order if task_id in lost],
     )
 
 

@@ -124,10 +124,25 @@ def build_summary(
                 if data.get("any_node_passed")
                 else None
             ),
+            "selection": _selections(data.get("modes", {})),
         }
     if results is not None and base_results is not None:
         summary["comparison"] = compare_on_same_tasks(base_results, results)
     return summary
+
+
+def _selections(modes: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per search mode: tasks with a rewrite passing the visible tests, tasks some rewrite
+    solves (an oracle's choice), and those of them the returned answer lost."""
+    return {
+        mode: {
+            "visible_passing": stats["selection"]["visible_passing"],
+            "solvable": len(stats["selection"]["solvable"]),
+            "lost": len(stats["selection"]["lost"]),
+        }
+        for mode, stats in modes.items()
+        if stats.get("selection")
+    }
 
 
 def verifier_summary(record: dict[str, Any]) -> dict[str, Any]:
