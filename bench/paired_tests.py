@@ -1292,8 +1292,50 @@ def defaults_test_measurement() -> list[Entry]:
     return found
 
 
+SEARCH_MODES = "search-modes/"
+
+
+def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
+    """One entry per row of each bench/search_modes.py run (searches at equal programs on
+    validation): the rows at the full budget against best-of-N decide issue 37's choice of
+    search (its verdict); the smaller budgets and MCTS against multi-turn are reported."""
+    from curve_figure import p_text
+
+    if paths is None:
+        paths = [
+            path.relative_to(RESULTS).as_posix()
+            for path in sorted((RESULTS / SEARCH_MODES).glob("*-validation.json"))
+        ]
+    found = []
+    for path in paths:
+        run = read(path)
+        results = str(Path(path).with_name(run["results"]).as_posix())
+        full = f"bon@{run['programs_at_most']}"
+        for number, row in enumerate(run["rows"], start=1):
+            gained, lost = len(row["gained"]), len(row["lost"])
+            better = gained >= lost
+            decides = row["second"] == full
+            found.append(
+                e(
+                    f"V{row['tasks']}-sm-{Path(path).stem}-{number}",
+                    "validation",
+                    row["tasks"],
+                    run["date"],
+                    f"search modes at equal programs ({Path(path).stem}), {row['mode']}",
+                    (gained, lost),
+                    p=p_text(row["p_better"]) if better else "worse " + p_text(row["p_worse"]),
+                    role="decided" if decides else "",
+                    outcome=run["verdict"] if decides else "",
+                    where="results/search-modes/README.md",
+                    first=(fig(results, row["first"]),),
+                    second=(fig(results, row["second"]),),
+                )
+            )
+    return found
+
+
 def ledger() -> list[Entry]:
-    return LEDGER + defaults_rounds() + defaults_test_measurement()
+    return LEDGER + defaults_rounds() + defaults_test_measurement() + search_modes_entries()
 
 
 # ------------------------------------------------------------------ checks

@@ -248,11 +248,17 @@ def main() -> None:
     if args.json is not None:
         from codeq.schemas import write_json
 
+        # the evaluation's own results beside it: the ledger (bench/paired_tests.py) recomputes
+        # every row task by task from this standard file
+        results_file = args.json.with_name(f"{args.json.stem}-results.json")
+        write_json(results_file, results.model_dump(mode="json"), indent=1)
         costs = ("completion_tokens", "prompt_tokens", "seconds", "solved", "programs")
         write_json(
             args.json,
             {
                 "command": "python " + " ".join(sys.argv),
+                "date": time.strftime("%Y-%m-%d"),
+                "results": results_file.name,
                 "split": results.split,
                 "task_ids": results.task_ids,
                 "model": config.policy.model,

@@ -5,6 +5,7 @@ machine only proves the code path works."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -332,7 +333,9 @@ def test_results_page_replaces_only_the_table_after_its_marker():
     assert replaced == text.replace("| 2 |", "| 3 |\n| 4 |")
 
 
-def test_search_modes_pairs_the_three_searches_at_equal_programs(tiny_model_dir, tmp_path):
+def test_search_modes_pairs_the_three_searches_at_equal_programs(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     """bench/search_modes.py on real validation tasks with the tiny model: one evaluation of
     MCTS, best-of-N and multi-turn best-of-N, every pairing at equal programs on the same tasks,
     each search's cost, and a verdict in the terms of issue 37's goal."""
@@ -367,6 +370,18 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(tiny_model_dir,
     for choice in found["selection"]:  # the choice can lose only tasks some rewrite solves
         assert set(choice["lost"]) <= tasks and len(choice["lost"]) <= choice["solvable"]
         assert choice["solvable"] <= choice["visible_passing"] <= len(tasks)
+
+    # the ledger recomputes every row task by task from the evaluation's results beside it
+    paired_tests = load_bench("paired_tests")
+    monkeypatch.setattr(paired_tests, "RESULTS", tmp_path)
+    entries = paired_tests.search_modes_entries([out.name])
+    assert [entry.what.split(", ")[-1] for entry in entries] == [r["mode"] for r in found["rows"]]
+    assert [entry.role for entry in entries] == ["", "decided", "", "decided", ""]
+    sets = {("validation", len(tasks)): found["task_ids"]}
+    for entry in entries:
+        assert paired_tests.check_entry(entry, sets) == ("recomputed", [])
+    wrong = dataclasses.replace(entries[1], gained=entries[1].gained + 1)
+    assert paired_tests.check_entry(wrong, sets)[1]
 
     # the same command again (as after an interruption) reads the trees it saved: the same rows
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=BENCH.parent)
