@@ -144,6 +144,38 @@ def test_the_documented_curve_command_accepts_every_committed_round_of_its_curve
         assert curve_rounds.settings_changes(recorded, now) == [], path
 
 
+def test_a_chain_going_on_under_the_powered_rule_keeps_its_earlier_rounds_rule():
+    """--promotion-samples K from round N: the committed rounds before N were decided by
+    greedy McNemar and restore as they are; round N and later record and run with K samples."""
+    import learning_curve
+
+    from codeq.config import load_config
+
+    command = [
+        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
+        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
+        "--rounds", "20", "--stop-after-promotions", "2",
+        "--promotion-samples", "8", "--promotion-samples-from", "11",
+    ]  # fmt: skip
+    args = learning_curve.parse_args(command)
+    rounds = sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json"))
+    assert rounds
+    for path in rounds:
+        number = json.loads(path.read_text())["round"]
+        assert number < 11
+        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
+        recorded = json.loads(path.read_text())["settings"]
+        assert curve_rounds.settings_changes(recorded, now) == [], path
+    later = learning_curve.round_settings(args, 11)
+    assert load_config(None, later).promotion.samples == 8
+    assert learning_curve.round_settings(args, 10)["promotion"]["samples"] == 0
+    changed = curve_rounds.settings_changes(
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, 10)),
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, 11)),
+    )
+    assert changed == ["promotion.samples 0 -> 8"]
+
+
 def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(tmp_path):
     """Prepare drops a generated hidden test the oracle did not answer in time, so a loaded
     machine builds other train files for the same tasks: the finished round stands, said so."""
