@@ -87,9 +87,23 @@ def main() -> None:
                 flush=True,
             )
     if args.out:
+        machine = {"cpu": cpu_model(), "torch": torch.__version__}
         args.out.write_text(
-            json.dumps({"threads": args.threads, "amx": amx, "rows": rows}, indent=1)
+            json.dumps({**machine, "threads": args.threads, "amx": amx, "rows": rows}, indent=1)
         )
+
+
+def cpu_model() -> str:
+    """The CPU's model name (the answer differs between CPUs of one instruction set)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

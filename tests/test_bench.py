@@ -322,8 +322,10 @@ def test_cpu_dtype_bench_writes_both_arms_and_their_ratio(tmp_path, monkeypatch)
         sys, "argv", ["cpu_dtype.py", "--threads", "1", "--repeats", "1", "--out", str(out)]
     )
     bench.main()
-    (written,) = json.loads(out.read_text())["rows"]
+    recorded = json.loads(out.read_text())
+    (written,) = recorded["rows"]
     assert written["shape"] == "decode, 8 rows" and written["pass"] == "forward"
+    assert recorded["cpu"] and recorded["torch"]  # the answer is the CPU's, so it is named
 
 
 def test_results_page_replaces_only_the_table_after_its_marker():
