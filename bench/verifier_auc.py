@@ -44,6 +44,7 @@ from codeq.verifier import (  # noqa: E402
     rank_auc,
     train_verifier,
     within_task_auc,
+    within_task_interval,
     written_programs,
 )
 from codeq.verifier.data import hold_out_tasks, within_task_pairs  # noqa: E402
@@ -82,6 +83,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--work", type=Path, default=Path("/tmp/verifier-auc"))
     parser.add_argument("--checkpoint-every-s", type=float, default=600.0)
+    parser.add_argument(
+        "--search-trees",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="trees a search wrote on the --eval-run's validation tasks (trajectories-*.jsonl, "
+        "e.g. bench/search_modes.py's best-of-16): every distinct rewrite is run on all its "
+        "tests, and the verifier and the self-critique rank the rewrites of each task that has "
+        "both a passing and a failing one (the choice pairs and tie-breaks make)",
+    )
     parser.add_argument("--json", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -156,6 +168,7 @@ def ranking(
         "auc": rank_auc(scores, labels),
         "auc_interval_95": auc_interval(task_ids, scores, labels),
         "within_task": within_task_auc(task_ids, scores, labels),
+        "within_task_interval_95": within_task_interval(task_ids, scores, labels),
         "within_task_passing_visible": within_task_auc(
             [task_ids[i] for i in among], [scores[i] for i in among], [labels[i] for i in among]
         ),
@@ -163,6 +176,56 @@ def ranking(
             {"task_id": task_id, "passed": label, "passed_visible": seen, "score": round(score, 4)}
             for task_id, label, seen, score in zip(task_ids, labels, visible, scores, strict=True)
         ],
+    }
+
+
+def search_ranking(
+    paths: list[Path], tasks: list[Task], verifier: Any, sandbox: Any
+) -> dict[str, Any]:
+    """The verifier and the self-critique within the tasks of a search's trees that hold both
+    a passing and a failing rewrite (labels from all the task's tests): only those pairs say
+    whether a score chooses well among one task's programs."""
+    from codeq.tasks import score_programs
+
+    trees = [tree for path in paths for tree in read_jsonl(path, Trajectory)]
+    items, critiques = evaluation_programs(tasks, trees)
+    verdicts = score_programs(items, "all", sandbox)
+    labels_of: dict[str, set[bool]] = {}
+    for (task, _), verdict in zip(items, verdicts, strict=True):
+        labels_of.setdefault(task.task_id, set()).add(verdict.passed)
+    mixed = [i for i, (task, _) in enumerate(items) if len(labels_of[task.task_id]) == 2]
+    chosen = [items[i] for i in mixed]
+    labels = [verdicts[i].passed for i in mixed]
+    task_ids = [task.task_id for task, _ in chosen]
+    scores = verifier.score(chosen)
+    critiqued = [
+        i for i, (task, program) in enumerate(chosen) if (task.task_id, program) in critiques
+    ]
+    critique_scores = [
+        sum(critiques[key]) / len(critiques[key])
+        for key in ((chosen[i][0].task_id, chosen[i][1]) for i in critiqued)
+    ]
+    critique_ids = [task_ids[i] for i in critiqued]
+    critique_labels = [labels[i] for i in critiqued]
+    return {
+        "trees": [str(path) for path in paths],
+        "tasks_searched": len({tree.task_id for tree in trees}),
+        "programs": len(items),
+        "passing": sum(verdict.passed for verdict in verdicts),
+        "tasks_with_both": len(set(task_ids)),
+        "verifier": ranking(
+            task_ids,
+            scores,
+            labels,
+            [passes_visible(task, verdicts[i]) for i, (task, _) in zip(mixed, chosen, strict=True)],
+        ),
+        "critique": {
+            "programs": len(critiqued),
+            "within_task": within_task_auc(critique_ids, critique_scores, critique_labels),
+            "within_task_interval_95": within_task_interval(
+                critique_ids, critique_scores, critique_labels
+            ),
+        },
     }
 
 
@@ -178,7 +241,7 @@ def collect_verdicts(trajectories: list[Trajectory]) -> dict[tuple[str, str], An
 
 
 # arguments that change nothing the run computes: a checkpoint made under others is resumed
-NOT_FINGERPRINTED = {"threads", "work", "json", "checkpoint_every_s"}
+NOT_FINGERPRINTED = {"threads", "work", "json", "checkpoint_every_s", "search_trees"}
 TRAINED_BY = "BENCH_ARGS.json"  # in <work>/verifier: the arguments that trained it
 
 
@@ -304,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     verifier = Verifier.load(args.work / "verifier", config, base)
     scored = time.perf_counter()
     scores = verifier.score(items)
+    search = None
+    if args.search_trees:
+        with Sandbox(config.sandbox) as sandbox:
+            search = search_ranking(args.search_trees, validation_tasks, verifier, sandbox)
     written_verdicts = collect_verdicts(trajectories)
     held_out_verdicts = [written_verdicts[(p.task.task_id, p.program.strip())] for p in held_out]
     held_out_scores = verifier.score([(p.task, p.program) for p in held_out])
@@ -334,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             labels,
             [passes_visible(task, v) for (task, _), v in zip(items, verdicts, strict=True)],
         ),
+        "search_validation": search,
         "train_loss": trained["train_loss"],
         "reused_trained_verifier": reused,
         "global_steps": trained["global_steps"],

@@ -227,6 +227,29 @@ def test_the_auc_interval_resamples_tasks_and_holds_the_estimate() -> None:
     assert auc_interval(["a"], [0.3], [True]) is None
 
 
+def test_the_within_task_interval_resamples_mixed_tasks_only() -> None:
+    from codeq.verifier import within_task_auc, within_task_interval
+
+    # 20 mixed tasks of 3 programs: the passing one scores above both failing ones in 15
+    # tasks and below them in 5 (within-task AUC 0.75); tasks of one label add nothing
+    tasks, scores, labels = [], [], []
+    for task in range(20):
+        right = task < 15
+        tasks += [f"t{task}"] * 3
+        scores += [0.8 if right else 0.2, 0.5, 0.4]
+        labels += [True, False, False]
+    tasks += ["all pass", "all pass", "all fail"]
+    scores += [0.1, 0.9, 0.3]
+    labels += [True, True, False]
+    estimate = within_task_auc(tasks, scores, labels)["auc"]
+    assert estimate == 0.75
+    low, high = within_task_interval(tasks, scores, labels, draws=400)
+    assert 0.5 < low <= estimate <= high < 1.0
+    assert within_task_interval(tasks, scores, labels, draws=400) == (low, high)  # seeded
+    assert within_task_interval(tasks[:60], scores[:60], labels[:60], draws=400) == (low, high)
+    assert within_task_interval(["a", "b"], [0.3, 0.4], [True, False]) is None
+
+
 class FakeVerifier:
     """Scores from a table; records what it was asked to score."""
 

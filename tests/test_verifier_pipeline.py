@@ -364,11 +364,34 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     assert result["critique_heldout"]["auc"] == 0.0  # the toy critique is the wrong way round
     assert not result["reused_trained_verifier"]
 
-    # scoring again reuses the verifier the same arguments trained, and scores it the same
-    assert bench.main(argv) == 0
+    assert result["search_validation"] is None
+
+    # scoring again reuses the verifier the same arguments trained, and scores it the same;
+    # a search's trees on the validation tasks are ranked within each task (the critique too:
+    # here it prefers the wrong rewrite of every task)
+    searched = [
+        tree.model_copy(
+            update={
+                "nodes": [
+                    node.model_copy(update={"q_ai": None if node.id == 0 else 1.0 / node.id})
+                    for node in tree.nodes
+                ]
+            }
+        )
+        for tree in answers
+    ]
+    write_jsonl(tmp_path / "search" / "trajectories-bon.jsonl", searched)
+    search_args = ["--search-trees", str(tmp_path / "search" / "trajectories-bon.jsonl")]
+    assert bench.main(argv + search_args) == 0
     again = json.loads(out.read_text())
     assert again["reused_trained_verifier"] and again["validation"] == validation
     assert again["heldout"] == result["heldout"]
+    search = again["search_validation"]
+    assert search["tasks_with_both"] == len(VALIDATION) == search["tasks_searched"]
+    assert search["verifier"]["within_task"] == validation["within_task"]
+    low, high = search["verifier"]["within_task_interval_95"]
+    assert low <= search["verifier"]["within_task"]["auc"] <= high
+    assert search["critique"]["within_task"]["auc"] == 0.0
 
 
 def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(

@@ -3,7 +3,13 @@ program), a LoRA sequence classifier on the policy's base model trained on the p
 round wrote; used as Q_ai in pairs, to break ties among final answers, and in search."""
 
 from codeq.verifier.data import Program, label_unknown, nothing_to_learn, written_programs
-from codeq.verifier.metrics import auc_interval, program_auc, rank_auc, within_task_auc
+from codeq.verifier.metrics import (
+    auc_interval,
+    program_auc,
+    rank_auc,
+    within_task_auc,
+    within_task_interval,
+)
 from codeq.verifier.model import Verifier, VerifierInfo, VerifierTieBreak, read_info
 from codeq.verifier.train import train_verifier
 
@@ -20,5 +26,6 @@ __all__ = [
     "read_info",
     "train_verifier",
     "within_task_auc",
+    "within_task_interval",
     "written_programs",
 ]

@@ -55,6 +55,38 @@ def within_task_auc(
     return {"auc": wins / pairs if pairs else None, "tasks": tasks, "pairs": pairs}
 
 
+def within_task_interval(
+    groups: Sequence[Hashable],
+    scores: Sequence[float],
+    labels: Sequence[bool],
+    *,
+    level: float = 0.95,
+    draws: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of `within_task_auc`, resampling the tasks that hold
+    both a passing and a failing program (a task drawn twice counts twice); None without one."""
+    mixed = [
+        members
+        for members in _by_task(groups, scores, labels).values()
+        if rank_auc([s for s, _ in members], [lab for _, lab in members]) is not None
+    ]
+    if not mixed:
+        return None
+    rng = random.Random(seed)
+    values = []
+    for _ in range(draws):
+        drawn = rng.choices(mixed, k=len(mixed))
+        keys = [index for index, members in enumerate(drawn) for _ in members]
+        flat = [member for members in drawn for member in members]
+        value = within_task_auc(keys, [s for s, _ in flat], [lab for _, lab in flat])["auc"]
+        values.append(value)
+    values.sort()
+    tail = (1.0 - level) / 2
+    high = min(len(values) - 1, int((1 - tail) * len(values)))
+    return values[int(tail * len(values))], values[high]
+
+
 def auc_interval(
     groups: Sequence[Hashable],
     scores: Sequence[float],
