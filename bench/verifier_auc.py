@@ -179,6 +179,44 @@ def ranking(
     }
 
 
+def answers_by_tie_break(
+    trees: list[Trajectory],
+    tasks: list[Task],
+    verifier: Any,
+    passed: dict[tuple[str, str], bool],
+) -> dict[str, Any]:
+    """Each tree's answer chosen again from its rewrites, once with the self-critique breaking
+    ties at the top of the visible tests (the search's own choice) and once with the verifier,
+    each scored on all the task's tests: what the tie-break changes in solved tasks."""
+    from codeq.promotion import one_sided_mcnemar
+    from codeq.search.tree import critique_tie_break, final_answer
+    from codeq.verifier import VerifierTieBreak
+
+    by_id = {task.task_id: task for task in tasks}
+    by_verifier = VerifierTieBreak(verifier)
+    solved: dict[str, dict[str, bool]] = {"critique": {}, "verifier": {}}
+    for tree in trees:
+        task = by_id.get(tree.task_id)
+        if task is None:
+            continue
+        for name, tie_break in (("critique", critique_tie_break), ("verifier", by_verifier)):
+            answer = final_answer(tree.nodes[1:], tree.nodes[0], task, tie_break)
+            solved[name][task.task_id] = passed.get((task.task_id, answer.program), False)
+    critique, verifier_solved = solved["critique"], solved["verifier"]
+    gained = sorted(t for t in critique if verifier_solved[t] and not critique[t])
+    lost = sorted(t for t in critique if critique[t] and not verifier_solved[t])
+    return {
+        "tasks": len(critique),
+        "tie_broken": by_verifier.decided,
+        "critique_solved": sum(critique.values()),
+        "verifier_solved": sum(verifier_solved.values()),
+        "gained": gained,
+        "lost": lost,
+        "p_better": one_sided_mcnemar(len(gained), len(lost)),
+        "p_worse": one_sided_mcnemar(len(lost), len(gained)),
+    }
+
+
 def search_ranking(
     paths: list[Path], tasks: list[Task], verifier: Any, sandbox: Any
 ) -> dict[str, Any]:
@@ -187,9 +225,14 @@ def search_ranking(
     whether a score chooses well among one task's programs."""
     from codeq.tasks import score_programs
 
-    trees = [tree for path in paths for tree in read_jsonl(path, Trajectory)]
+    forests = {path: read_jsonl(path, Trajectory) for path in paths}
+    trees = [tree for forest in forests.values() for tree in forest]
     items, critiques = evaluation_programs(tasks, trees)
     verdicts = score_programs(items, "all", sandbox)
+    passed = {
+        (task.task_id, program): verdict.passed
+        for (task, program), verdict in zip(items, verdicts, strict=True)
+    }
     labels_of: dict[str, set[bool]] = {}
     for (task, _), verdict in zip(items, verdicts, strict=True):
         labels_of.setdefault(task.task_id, set()).add(verdict.passed)
@@ -209,6 +252,10 @@ def search_ranking(
     critique_labels = [labels[i] for i in critiqued]
     return {
         "trees": [str(path) for path in paths],
+        "answers": {
+            path.name: answers_by_tie_break(forest, tasks, verifier, passed)
+            for path, forest in forests.items()
+        },
         "tasks_searched": len({tree.task_id for tree in trees}),
         "programs": len(items),
         "passing": sum(verdict.passed for verdict in verdicts),

@@ -368,14 +368,19 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
 
     # scoring again reuses the verifier the same arguments trained, and scores it the same;
     # a search's trees on the validation tasks are ranked within each task (the critique too:
-    # here it prefers the wrong rewrite of every task)
+    # here it prefers the wrong rewrite of every task). Both rewrites pass the visible test
+    # (3 is 1 + 2), so the tie-break chooses the answer; only a + b passes the hidden one too.
+    visible = Verdict(passed=True, n_passed=1, n_total=1, status="passed", backend="subprocess")
     searched = [
         tree.model_copy(
             update={
+                "reward_tests": "visible",
                 "nodes": [
-                    node.model_copy(update={"q_ai": None if node.id == 0 else 1.0 / node.id})
+                    node
+                    if node.id == 0
+                    else node.model_copy(update={"q_ai": 1.0 / node.id, "verdict": visible})
                     for node in tree.nodes
-                ]
+                ],
             }
         )
         for tree in answers
@@ -392,6 +397,12 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     low, high = search["verifier"]["within_task_interval_95"]
     assert low <= search["verifier"]["within_task"]["auc"] <= high
     assert search["critique"]["within_task"]["auc"] == 0.0
+    # the answers chosen again: the critique picks the wrong rewrite of every task, the
+    # verifier (within-task AUC 1 here) the right one
+    (answers,) = search["answers"].values()
+    assert answers["tasks"] == answers["tie_broken"] == len(VALIDATION)
+    assert answers["critique_solved"] == 0
+    assert answers["verifier_solved"] == len(answers["gained"]) == len(VALIDATION)
 
 
 def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(
