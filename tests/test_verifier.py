@@ -329,13 +329,17 @@ def test_a_stopped_verifier_resumes_from_the_store_and_matches_an_uninterrupted_
     assert not (tmp_path / "resumed" / "checkpoints").exists()  # spent once the verifier is written
 
 
-def test_pairwise_training_learns_which_program_of_a_task_passes(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pairwise_training_learns_which_program_of_a_task_passes(tiny_model_dir, tmp_path, dtype):
     """TRL reward training on (passing, failing) programs of one task: the LoRA and score head
     change, and on problems it never saw it ranks a task's passing programs above its failing
-    ones (the within-task AUC, what choosing among one task's candidates needs)."""
+    ones (the within-task AUC, what choosing among one task's candidates needs). In bf16 (the
+    faster choice on a CPU with AVX512-BF16) what trains is kept in float32, the head too."""
     from safetensors.torch import load_file
 
     config = verifier_config(tiny_model_dir, objective="pairwise", pairs_per_task=8, epochs=6)
+    policy = config.policy.model_copy(update={"dtype": dtype})
+    config = config.model_copy(update={"policy": policy})
     tasks = [make_task(i) for i in range(12)]
     metrics = train_verifier(toy_programs(tasks[:8]), tmp_path, config, base=base_of(config))
     folder = tmp_path / "verifier"
@@ -343,6 +347,7 @@ def test_pairwise_training_learns_which_program_of_a_task_passes(tiny_model_dir,
     assert metrics["heldout_within_task"]["pairs"] > 0
     weights = load_file(str(folder / "adapter_model.safetensors"))
     assert any("lora_B" in name and tensor.abs().sum() > 0 for name, tensor in weights.items())
+    assert {str(tensor.dtype) for tensor in weights.values()} == {"torch.float32"}
     assert metrics["steps"][0]["loss"] > metrics["steps"][-1]["loss"]
 
     items = toy_programs(tasks[8:])  # problems it never trained on

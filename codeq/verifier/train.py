@@ -201,6 +201,9 @@ def train_verifier(
     model = get_peft_model(
         load_classifier(source, dtype, tokenizer.pad_token_id), lora_config(settings)
     )
+    for parameter in model.parameters():  # PEFT keeps LoRA in float32, not the score head:
+        if parameter.requires_grad and parameter.dtype == torch.bfloat16:  # steps of 1e-4 fall
+            parameter.data = parameter.data.float()  # below bf16's precision; autocast computes
 
     def rows(items: Sequence[Program]) -> list[dict[str, Any]]:
         encoded = [encode(tokenizer, i.task, i.program, settings.max_length) for i in items]
