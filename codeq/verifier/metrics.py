@@ -55,6 +55,14 @@ def within_task_auc(
     return {"auc": wins / pairs if pairs else None, "tasks": tasks, "pairs": pairs}
 
 
+def percentile_interval(values: list[float], level: float) -> tuple[float, float]:
+    """The central `level` interval of bootstrap draws."""
+    values = sorted(values)
+    tail = (1.0 - level) / 2
+    high = min(len(values) - 1, int((1 - tail) * len(values)))
+    return values[int(tail * len(values))], values[high]
+
+
 def within_task_interval(
     groups: Sequence[Hashable],
     scores: Sequence[float],
@@ -81,10 +89,7 @@ def within_task_interval(
         flat = [member for members in drawn for member in members]
         value = within_task_auc(keys, [s for s, _ in flat], [lab for _, lab in flat])["auc"]
         values.append(value)
-    values.sort()
-    tail = (1.0 - level) / 2
-    high = min(len(values) - 1, int((1 - tail) * len(values)))
-    return values[int(tail * len(values))], values[high]
+    return percentile_interval(values, level)
 
 
 def auc_interval(
@@ -109,10 +114,7 @@ def auc_interval(
             values.append(value)
     if not values:
         return None
-    values.sort()
-    tail = (1.0 - level) / 2
-    high = min(len(values) - 1, int((1 - tail) * len(values)))
-    return values[int(tail * len(values))], values[high]
+    return percentile_interval(values, level)
 
 
 def evaluation_programs(
