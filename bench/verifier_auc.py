@@ -234,8 +234,8 @@ def search_ranking(
         for (task, program), verdict in zip(items, verdicts, strict=True)
     }
     labels_of: dict[str, set[bool]] = {}
-    for (task, _), verdict in zip(items, verdicts, strict=True):
-        labels_of.setdefault(task.task_id, set()).add(verdict.passed)
+    for (task_id, _), label in passed.items():
+        labels_of.setdefault(task_id, set()).add(label)
     mixed = [i for i, (task, _) in enumerate(items) if len(labels_of[task.task_id]) == 2]
     chosen = [items[i] for i in mixed]
     labels = [verdicts[i].passed for i in mixed]

@@ -106,25 +106,6 @@ def fully_passed(tasks: Sequence[Task], programs: Sequence[str], sandbox: Any) -
     return {task.task_id: verdict.passed for task, verdict in zip(tasks, verdicts, strict=True)}
 
 
-def any_node_passed(
-    tasks: Sequence[Task], trajectories: Sequence[Trajectory], sandbox: Any
-) -> dict[str, bool]:
-    """Whether any valid rewrite in each tree passes all its tests (each distinct program once)."""
-    items: list[tuple[Task, str]] = []
-    owners: list[str] = []
-    for task, trajectory in zip(tasks, trajectories, strict=True):
-        programs = {node.program for node in trajectory.nodes[1:] if node.valid}
-        for program in sorted(programs):
-            items.append((task, program))
-            owners.append(task.task_id)
-    from codeq.tasks import score_programs
-
-    passed = dict.fromkeys((task.task_id for task in tasks), False)
-    for owner, verdict in zip(owners, score_programs(items, "all", sandbox), strict=True):
-        passed[owner] = passed[owner] or verdict.passed
-    return passed
-
-
 def _load_engine(config: CodeQConfig, adapter: str | Path | None) -> Any:
     from codeq.policy import load_policy
     from codeq.policy.source import require_adapter_dir
@@ -472,7 +453,10 @@ class _Evaluation:
             results.mcts_rollout_ablation[full], trajectories, sandbox
         )
         results.modes["mcts"] = results.mcts_rollout_ablation[full]
-        passed = any_node_passed(self.tasks, trajectories, sandbox)
+        selection = results.modes["mcts"].selection
+        assert selection is not None
+        # the tasks some rewrite solves: a rewrite failing a visible test fails them all
+        passed = {task.task_id: task.task_id in selection.solvable for task in self.tasks}
         results.any_node_passed = AnyNodeResult(
             label=ANY_NODE_LABEL,
             **rate(sum(passed.values()), len(self.tasks), self.config.evaluate.confidence),

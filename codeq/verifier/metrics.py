@@ -77,7 +77,7 @@ def within_task_interval(
     mixed = [
         members
         for members in _by_task(groups, scores, labels).values()
-        if rank_auc([s for s, _ in members], [lab for _, lab in members]) is not None
+        if len({label for _, label in members}) == 2
     ]
     if not mixed:
         return None
