@@ -276,6 +276,41 @@ def search_ranking(
     }
 
 
+def decision(search: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The rule declared before the pairwise run (docs/results/verifier/README.md): the
+    verifier replaces the self-critique (`evaluate.tie_break`, `pairs.q_ai`) only if its
+    within-task AUC on a search's validation rewrites is above 0.5 with a 95% interval that
+    excludes 0.5, and its re-chosen answers solve at least as many tasks as the critique's in
+    every search measured. None without a search to decide on."""
+    if search is None:
+        return None
+    within = search["verifier"]["within_task"]["auc"]
+    interval = search["verifier"]["within_task_interval_95"]
+    failed = []
+    if within is None or interval is None:
+        failed.append("no task holds both a passing and a failing rewrite")
+    elif not (within > 0.5 and interval[0] > 0.5):
+        failed.append(
+            f"within-task AUC {within:.3f} (95% {interval[0]:.3f}-{interval[1]:.3f}) "
+            "does not exclude 0.5 from above"
+        )
+    for name, answers in search["answers"].items():
+        if answers["verifier_solved"] < answers["critique_solved"]:
+            failed.append(
+                f"{name}: the verifier's answers solve {answers['verifier_solved']}, "
+                f"the critique's {answers['critique_solved']}"
+            )
+    replaces = not failed
+    return {
+        "replaces_critique": replaces,
+        "settings": {
+            "evaluate.tie_break": "verifier" if replaces else "critique",
+            "pairs.q_ai": "verifier" if replaces else "critique",
+        },
+        "why": failed or ["within-task AUC above 0.5 with its interval, answers no worse"],
+    }
+
+
 def collect_verdicts(trajectories: list[Trajectory]) -> dict[tuple[str, str], Any]:
     """Each written program's verdict on all its task's tests, by (task id, program)."""
     return {
@@ -449,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             [passes_visible(task, v) for (task, _), v in zip(items, verdicts, strict=True)],
         ),
         "search_validation": search,
+        "decision": decision(search),
         "train_loss": trained["train_loss"],
         "reused_trained_verifier": reused,
         "global_steps": trained["global_steps"],
@@ -467,6 +503,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['validation']['auc']} over {len(items)} programs ({sum(labels)} passing); "
         f"self-critique on held-out train problems {result['critique_heldout']['auc']}"
     )
+    if result["decision"] is not None:
+        settings = result["decision"]["settings"]
+        print(
+            "decision (declared rule): "
+            + ", ".join(f"{key} = {value}" for key, value in settings.items())
+            + "; "
+            + "; ".join(result["decision"]["why"])
+        )
     return 0
 
 

@@ -449,3 +449,33 @@ def test_search_modes_verdict_names_a_winner_only_at_five_points_and_p_below_005
     assert "mcts@8: 26 against 20 (+7 / -1" in verdict(small, 143, 16)
     behind = [row("mcts@8", 18, 24, 1, 7, 0.99), row("mt_bon@4x4", 24, 24, 2, 2, 0.69)]
     assert "sampling is the better search" in verdict(behind, 60, 16)
+
+
+def test_the_verifier_replaces_the_critique_only_by_the_declared_rule():
+    decision = load_bench("verifier_auc").decision
+
+    def search(auc, interval, verifier_solved, critique_solved=20):
+        return {
+            "verifier": {"within_task": {"auc": auc}, "within_task_interval_95": interval},
+            "answers": {
+                "trajectories-bon.jsonl": {
+                    "verifier_solved": verifier_solved,
+                    "critique_solved": critique_solved,
+                }
+            },
+        }
+
+    assert decision(None) is None
+    chosen = decision(search(0.66, [0.56, 0.75], 20))
+    assert chosen["replaces_critique"]
+    assert chosen["settings"] == {"evaluate.tie_break": "verifier", "pairs.q_ai": "verifier"}
+    for refused, reason in [
+        (search(0.62, [0.48, 0.75], 22), "does not exclude 0.5"),
+        (search(0.40, [0.30, 0.49], 22), "does not exclude 0.5"),
+        (search(0.66, [0.56, 0.75], 19), "the verifier's answers solve 19, the critique's 20"),
+        (search(None, None, 20), "no task holds both"),
+    ]:
+        kept = decision(refused)
+        assert not kept["replaces_critique"]
+        assert kept["settings"] == {"evaluate.tie_break": "critique", "pairs.q_ai": "critique"}
+        assert any(reason in why for why in kept["why"]), kept["why"]

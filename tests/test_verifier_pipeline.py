@@ -364,7 +364,7 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     assert result["critique_heldout"]["auc"] == 0.0  # the toy critique is the wrong way round
     assert not result["reused_trained_verifier"]
 
-    assert result["search_validation"] is None
+    assert result["search_validation"] is None and result["decision"] is None
 
     # scoring again reuses the verifier the same arguments trained, and scores it the same;
     # a search's trees on the validation tasks are ranked within each task (the critique too:
@@ -403,6 +403,11 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     assert answers["tasks"] == answers["tie_broken"] == len(VALIDATION)
     assert answers["critique_solved"] == 0
     assert answers["verifier_solved"] == len(answers["gained"]) == len(VALIDATION)
+    # and the declared rule then hands the verifier both choices
+    assert again["decision"]["settings"] == {
+        "evaluate.tie_break": "verifier",
+        "pairs.q_ai": "verifier",
+    }
 
 
 def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(
