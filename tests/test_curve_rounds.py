@@ -198,7 +198,8 @@ def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(
 
 
 def store_with_a_round_under_way(root: Path):
-    """Round 1 of run `curve`: prepared, its collect stopped after two tasks, no train yet."""
+    """Round 1 of run `curve`: prepared, its collect stopped after two tasks, no train yet,
+    and an evaluation's saved tree (as a later stop would leave)."""
     store = open_store(StoreConfig(uri=f"file://{root}"))
     prefix = "runs/curve/round-1"
     train = b'{"task_id": "t0"}\n{"task_id": "t1"}\n{"task_id": "t2"}\n'
@@ -212,6 +213,7 @@ def store_with_a_round_under_way(root: Path):
         f"{prefix}/trajectories/shard-0/tasks/t0.json": b'{"task_id": "t0"}\n',
         f"{prefix}/trajectories/shard-0/tasks/t1.json": b'{"task_id": "t1"}\n',
         f"{prefix}/train-progress/checkpoint.bin": random.Random(1).randbytes(1 << 15),
+        f"{prefix}/eval-progress/candidate/validation/full_rewrite/trees/t5.json": b"{}\n",
     }
     for key, data in objects.items():
         store.put_bytes(key, data)
@@ -227,6 +229,7 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     listed = json.loads((folder / curve_rounds.PARTIAL_FILE).read_text())["keys"]
     assert record["keys"] == listed
     assert sorted(key.removeprefix("runs/curve/round-1/") for key in listed) == [
+        "eval-progress/candidate/validation/full_rewrite/trees/t5.json",  # hours of searching
         "tasks/MANIFEST.json",  # prepare's record, not the data set
         "tasks/report.json",
         "trajectories/shard-0/PROGRESS.json",
@@ -236,7 +239,7 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     assert curve_rounds.partial_rounds(results) == [1]
 
     fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
-    assert curve_rounds.restore_partial(fresh, results, 1, SETTINGS) == 3
+    assert curve_rounds.restore_partial(fresh, results, 1, SETTINGS) == 4
     assert not fresh.exists(manifest)  # prepare builds the tasks on this machine first
     assert (
         fresh.get_bytes("runs/curve/round-1/trajectories/shard-0/tasks/t1.json")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from preemption import Preempted
 from test_round import TINY_SETTINGS, OracleOrWrongPolicy
 
 from codeq.config import CodeQConfig, load_config
@@ -250,6 +251,57 @@ def test_a_missing_shard_is_refused_by_the_merge(one_and_two_shards, tmp_path):
     with pytest.raises(MissingInputError, match=r"shard\(s\) \[0, 1, 2\] of 3"):
         merge_eval_shards(ctx, 3)
     assert not store.is_complete(LAYOUT.stage("eval"))
+
+
+@pytest.mark.slow
+def test_a_stopped_evaluation_resumes_on_another_pod_from_the_trees_it_saved(
+    one_and_two_shards, trained_round, monkeypatch
+):
+    """A pod stopped after three trees of its evaluation: the next pod (an empty scratch
+    folder, as on another node) searches none of those three again and writes what one
+    uninterrupted process wrote; the saved trees are spent once the evaluation is complete."""
+    import codeq.pipeline.stages as stages
+
+    one = one_and_two_shards[0]
+    root = trained_round[1]
+    config, store = copy_of(trained_round, "stopped")
+    engines = stand_in_engines(config, store, root / "stopped-tasks")
+    real_saver = stages._saved_trees
+    saved_by: dict[str, list[tuple[str, str]]] = {"pod 1": [], "pod 2": []}
+
+    def counting(pod: str, stop_after: int | None):
+        def saver(ctx, prefix):
+            save = real_saver(ctx, prefix)
+
+            def save_and_count(searched):
+                save(searched)
+                saved_by[pod].append((prefix + "/" + searched.label, searched.trajectory.task_id))
+                if len(saved_by[pod]) == stop_after:
+                    raise Preempted
+
+            return save_and_count
+
+        return saver
+
+    monkeypatch.setattr(stages, "_saved_trees", counting("pod 1", stop_after=3))
+    with pytest.raises(Preempted):
+        evaluate_stage(StageContext(config, store, root / "stopped-pod-1", engines=engines))
+    progress = LAYOUT.stage(stages.EVAL_PROGRESS)
+    assert len([key for key in store.list(progress) if "/trees/" in key]) == 3
+    assert not store.is_complete(LAYOUT.stage("eval"))
+
+    monkeypatch.setattr(stages, "_saved_trees", counting("pod 2", stop_after=None))
+    evaluate_stage(StageContext(config, store, root / "stopped-pod-2", engines=engines))
+    assert saved_by["pod 2"], "the second pod searched the rest"
+    assert not set(saved_by["pod 1"]) & set(saved_by["pod 2"]), "saved trees searched again"
+    stopped, single = (
+        eval_output(store, LAYOUT.stage("eval")),
+        eval_output(one, LAYOUT.stage("eval")),
+    )
+    assert sorted(stopped) == sorted(single)
+    for name in single:
+        assert stopped[name] == single[name], name
+    assert not store.list(progress)
 
 
 def test_merging_refuses_shards_that_do_not_split_the_tasks(tmp_path):

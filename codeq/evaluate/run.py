@@ -24,6 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,7 @@ def evaluate(
     samples: Mapping[str, int] | None = None,
     tie_break: TieBreak | None = None,
     shard: tuple[int, int] | None = None,
+    on_tree: Callable[[SearchedTree], None] | None = None,
 ) -> EvalResults:
     """Run every configured mode on the same tasks of `split`; write out_dir/results.json (and
     each mode's trajectories) and return the results. `policy` records what was evaluated.
@@ -136,7 +138,8 @@ def evaluate(
     replaces the critique among candidates that pass as many visible tests (`run_search`).
     `shard` (index, count) evaluates that shard's whole search groups of the tasks only
     (codeq.shards.shard_of_groups); codeq.evaluate.shards merges the shards' folders into the
-    one a single process writes."""
+    one a single process writes. `on_tree` is handed every tree as it is finished, with the
+    resume state it joins (a stage saves them elsewhere; `merge_resume` puts them back)."""
     from codeq.sandbox import Sandbox
 
     out_dir = Path(out_dir)
@@ -159,6 +162,7 @@ def evaluate(
     if engine is None:
         engine = _load_engine(config, adapter)
     run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy, sampled, tie_break)
+    run.on_tree = on_tree
     if sandbox is None:
         with Sandbox(config.sandbox) as owned_sandbox:
             return run.all_modes(owned_sandbox)
@@ -184,6 +188,7 @@ class _Evaluation:
         self.split, self.adapter, self.policy = split, adapter, policy
         self.samples = samples
         self.tie_break = tie_break or critique_tie_break
+        self.on_tree: Callable[[SearchedTree], None] | None = None
         self.budgets = sorted({*config.evaluate.rollout_ablation, config.search.rollouts})
         rewrites = config.search.rewrites_per_expansion
         sizes = {rewrites * b for b in self.budgets} | {config.search.bon_samples}
@@ -307,7 +312,9 @@ class _Evaluation:
             bar.update(len(self.tasks) - len(remaining))
 
             def finished(trajectory: Trajectory) -> None:
-                resume.record(trajectory, time.perf_counter() - started)
+                state = resume.record(trajectory, time.perf_counter() - started)
+                if self.on_tree is not None:
+                    self.on_tree(SearchedTree(label, state, trajectory))
                 bar.update(1)
 
             run(finished, set(resume.done))
@@ -557,11 +564,38 @@ class _ModeResume:
         except (OSError, ValueError):
             return {}
 
-    def record(self, trajectory: Trajectory, seconds_now: float) -> None:
+    def record(self, trajectory: Trajectory, seconds_now: float) -> dict[str, Any]:
+        """Adds a finished tree; returns the state written beside the trees."""
         write_jsonl(self.partial, [trajectory], append=True)
         self.done[trajectory.task_id] = trajectory
         state = {"key": self.key, "seconds": round(self.seconds_before + seconds_now, 2)}
         self.state.write_text(json.dumps(state) + "\n")
+        return state
+
+
+@dataclass(frozen=True)
+class SearchedTree:
+    """A tree an evaluation has just finished: `label` names the resume state it joins (a
+    mode, or <mode>-samples), `state` that state now (the key it is valid under, seconds)."""
+
+    label: str
+    state: dict[str, Any]
+    trajectory: Trajectory
+
+
+def merge_resume(
+    out_dir: Path, label: str, state: Mapping[str, Any], trees: Sequence[Trajectory]
+) -> int:
+    """Trees saved elsewhere (`SearchedTree`s kept by a stage) put back into `label`'s resume
+    state in out_dir, so the evaluation skips their tasks: added to the trees out_dir holds under
+    the same key, replacing any under another. Returns how many tasks were added."""
+    resume = _ModeResume(out_dir, label, str(state["key"]))
+    added = [tree for tree in trees if tree.task_id not in resume.done]
+    if added:
+        write_jsonl(resume.partial, added, append=True)
+    seconds = max(resume.seconds_before, float(state.get("seconds", 0.0)))
+    resume.state.write_text(json.dumps({"key": resume.key, "seconds": seconds}) + "\n")
+    return len(added)
 
 
 def _read_complete_lines(path: Path) -> dict[str, Trajectory]:

@@ -174,21 +174,25 @@ def _policy_inputs(ctx: StageContext, **inputs: str) -> dict[str, str]:
 
 
 def _check_shard_progress(ctx: StageContext, run: StageRun) -> None:
-    """The per-task trajectories a shard saved so far are kept only under the fingerprint they
-    were searched under (recorded in PROGRESS.json); under another one they are refused, or,
-    forced, discarded."""
+    """The per-task trajectories a shard saved so far (see `_check_saved_trees`)."""
     task_prefix = join_key(run.prefix, "tasks")
-    progress_key = join_key(run.prefix, PROGRESS_NAME)
-    saved = ctx.store.list(task_prefix)
-    if saved and ctx.store.exists(progress_key):
+    _check_saved_trees(ctx, run, task_prefix, join_key(run.prefix, PROGRESS_NAME))
+
+
+def _check_saved_trees(ctx: StageContext, run: StageRun, saved_prefix: str, record: str) -> None:
+    """Trees a stopped stage saved under `saved_prefix` are kept only under the fingerprint they
+    were searched under (recorded at `record`); under another one they are refused, or,
+    forced, discarded. Then `record` holds this run's fingerprint."""
+    saved = [key for key in ctx.store.list(saved_prefix) if key != record]
+    if saved and ctx.store.exists(record):
         keep_progress(
             ctx,
             run,
-            ctx.store.get_json(progress_key).get("fingerprint"),
-            task_prefix,
-            f"the {len(saved)} trajectories saved at {ctx.store.describe(task_prefix)}",
+            ctx.store.get_json(record).get("fingerprint"),
+            saved_prefix,
+            f"the {len(saved)} trees saved at {ctx.store.describe(saved_prefix)}",
         )
-    ctx.store.put_json(progress_key, {"fingerprint": run.fingerprint.to_json()})
+    ctx.store.put_json(record, {"fingerprint": run.fingerprint.to_json()})
 
 
 def unique_trajectories(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -373,13 +377,66 @@ def evaluate_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1
     if shard_count > 1:
         return _evaluate_shard(ctx, run, inputs, shard_index, shard_count)
     out_dir = ctx.workdir("eval")
-    if run.replacing:  # forced: do not resume the evaluation being replaced
-        empty_folder(out_dir)
-    policies, summary = _evaluate_policies(ctx, out_dir)
+    progress = ctx.layout.stage(EVAL_PROGRESS)
+    _begin_eval_progress(ctx, run, out_dir, progress)
+    policies, summary = _evaluate_policies(ctx, out_dir, progress)
     summary.update(_record_verifier(ctx, _download_tasks(ctx), out_dir))
     write_json(out_dir / "summary.json", summary)
     ctx.store.put_dir(prefix, out_dir)
-    return _finish(ctx, run, {"policies": list(policies), **summary})
+    finished = _finish(ctx, run, {"policies": list(policies), **summary})
+    ctx.store.delete_prefix(progress)  # the evaluation is complete: its saved trees are spent
+    return finished
+
+
+EVAL_PROGRESS = "eval-progress"  # the trees a stopped evaluation finished, one object each
+
+
+def _begin_eval_progress(ctx: StageContext, run: StageRun, out_dir: Path, progress: str) -> None:
+    """Forced, the evaluation being replaced is not resumed, here or from the store; otherwise
+    the trees saved under `progress` are kept only under this run's fingerprint."""
+    if run.replacing:
+        empty_folder(out_dir)
+        ctx.store.delete_prefix(progress)
+    _check_saved_trees(ctx, run, progress, join_key(progress, PROGRESS_NAME))
+
+
+def _saved_trees(ctx: StageContext, prefix: str) -> Callable[[Any], None]:
+    """Each tree the evaluation finishes, saved at once as its own object under
+    `prefix/<label>/trees/<task_id>.json` with its resume state beside (`STATE.json`), so a pod
+    that starts on another node resumes without searching those tasks again."""
+
+    def save(searched: Any) -> None:
+        folder = join_key(prefix, searched.label)
+        tree = searched.trajectory
+        ctx.store.put_bytes(
+            join_key(folder, "trees", f"{tree.task_id}.json"), tree.model_dump_json().encode()
+        )
+        ctx.store.put_json(join_key(folder, "STATE.json"), searched.state)
+
+    return save
+
+
+def restore_saved_trees(ctx: StageContext, prefix: str, out_dir: Path) -> int:
+    """The trees `_saved_trees` kept under `prefix`, put back into out_dir's resume state
+    (codeq.evaluate.run.merge_resume); returns how many tasks that adds."""
+    from codeq.evaluate.run import merge_resume
+
+    labels = sorted(
+        {key.removeprefix(prefix + "/").split("/")[0] for key in ctx.store.list(prefix)}
+    )
+    added = 0
+    for label in labels:
+        state_key = join_key(prefix, label, "STATE.json")
+        if not ctx.store.exists(state_key):
+            continue
+        trees: list[Trajectory] = []
+        for key in ctx.store.list(join_key(prefix, label, "trees")):
+            try:
+                trees.append(Trajectory.model_validate_json(ctx.store.get_bytes(key)))
+            except ValueError:
+                log(f"evaluate: ignoring unreadable {ctx.store.describe(key)}; its task is redone")
+        added += merge_resume(out_dir, label, ctx.store.get_json(state_key), trees)
+    return added
 
 
 def _record_verifier(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict[str, Any]:
@@ -400,11 +457,13 @@ def _eval_inputs(ctx: StageContext) -> dict[str, str]:
 
 
 def _evaluate_policies(
-    ctx: StageContext, out_dir: Path, shard: tuple[int, int] | None = None
+    ctx: StageContext, out_dir: Path, progress: str, shard: tuple[int, int] | None = None
 ) -> tuple[dict[str, Lineage], dict[str, Any]]:
     """Each policy on each of its splits, into out_dir/<role>/<split>/; with `shard`, only the
-    shard's part of each split (a split it gets no task of is left out). Returns the policies
-    and the summary (per role and split: the primary mode's counts; per role: its lineage)."""
+    shard's part of each split (a split it gets no task of is left out). Every finished tree is
+    saved under `progress`/<role>/<split>/ as well, and restored from there first. Returns the
+    policies and the summary (per role and split: the primary mode's counts; per role: its
+    lineage)."""
     from codeq.evaluate.run import load_eval_tasks
 
     tasks_dir = _download_tasks(ctx)
@@ -428,8 +487,14 @@ def _evaluate_policies(
                 log(f"evaluate shard {shard[0]}: none of the {split} tasks' groups is this shard's")
                 continue
             log(f"evaluate: the {role} ({policy.describe()}) on the {split} tasks")
-            _carry_over_searches(ctx, policy, split, out_dir / role / split)
-            results = _evaluate(ctx, policy, tasks_dir, split, out_dir / role / split, shard)
+            folder, saved = out_dir / role / split, join_key(progress, role, split)
+            _carry_over_searches(ctx, policy, split, folder)
+            restored = restore_saved_trees(ctx, saved, folder)
+            if restored:
+                log(f"evaluate: {restored} tree(s) restored from {ctx.store.describe(saved)}")
+            results = _evaluate(
+                ctx, policy, tasks_dir, split, folder, shard, on_tree=_saved_trees(ctx, saved)
+            )
             summary[f"{role}/{split}"] = _summary_of(results)
         summary[role] = policy.model_dump(mode="json")
     return policies, summary
@@ -471,12 +536,16 @@ def _evaluate_shard(
     )
     if not run.skipped:
         out_dir = ctx.workdir(f"eval-shard-{index}")
-        if run.replacing or merged.replacing:
+        progress = join_key(ctx.layout.stage(EVAL_PROGRESS), f"shard-{index}")
+        if merged.replacing:
             empty_folder(out_dir)
-        policies, summary = _evaluate_policies(ctx, out_dir, (index, count))
+            ctx.store.delete_prefix(progress)
+        _begin_eval_progress(ctx, run, out_dir, progress)
+        policies, summary = _evaluate_policies(ctx, out_dir, progress, (index, count))
         ctx.store.put_dir(prefix, out_dir)
         info = {"shard_index": index, "shard_count": count, "policies": list(policies)}
         _finish(ctx, run, {**info, **summary})
+        ctx.store.delete_prefix(progress)  # the shard is complete: its saved trees are spent
     waiting = unfinished_eval_shards(ctx, count, run.fingerprint)
     if waiting:
         log(
@@ -620,6 +689,7 @@ def _evaluate(
     split: Split,
     out_dir: Path,
     shard: tuple[int, int] | None = None,
+    on_tree: Callable[[Any], None] | None = None,
 ) -> EvalResults:
     from codeq.evaluate import evaluate
     from codeq.pipeline.verifier import evaluation_tie_break
@@ -635,6 +705,7 @@ def _evaluate(
         samples=samples,
         shard=shard,
         tie_break=evaluation_tie_break(ctx),
+        on_tree=on_tree,
     )
 
 
