@@ -161,8 +161,9 @@ def evaluate(
         )
     if engine is None:
         engine = _load_engine(config, adapter)
-    run = _Evaluation(tasks, out_dir, config, engine, split, adapter, policy, sampled, tie_break)
-    run.on_tree = on_tree
+    run = _Evaluation(
+        tasks, out_dir, config, engine, split, adapter, policy, sampled, tie_break, on_tree
+    )
     if sandbox is None:
         with Sandbox(config.sandbox) as owned_sandbox:
             return run.all_modes(owned_sandbox)
@@ -183,12 +184,13 @@ class _Evaluation:
         policy: Lineage | None,
         samples: Mapping[str, int],
         tie_break: TieBreak | None = None,
+        on_tree: Callable[[SearchedTree], None] | None = None,
     ) -> None:
         self.tasks, self.out_dir, self.config, self.engine = tasks, out_dir, config, engine
         self.split, self.adapter, self.policy = split, adapter, policy
         self.samples = samples
         self.tie_break = tie_break or critique_tie_break
-        self.on_tree: Callable[[SearchedTree], None] | None = None
+        self.on_tree = on_tree
         self.budgets = sorted({*config.evaluate.rollout_ablation, config.search.rollouts})
         rewrites = config.search.rewrites_per_expansion
         sizes = {rewrites * b for b in self.budgets} | {config.search.bon_samples}

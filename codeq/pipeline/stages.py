@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codeq.config import CodeQConfig
 from codeq.errors import CorruptInputError, MissingInputError
@@ -49,6 +49,9 @@ from codeq.policy.source import require_adapter_dir
 from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_json, write_jsonl
 from codeq.shards import check_job_shard
 from codeq.store import MARKER_NAME, join_key, log
+
+if TYPE_CHECKING:  # the evaluation (search, sandbox) is imported where a stage runs it
+    from codeq.evaluate.run import SearchedTree
 
 STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 
@@ -378,7 +381,7 @@ def evaluate_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1
         return _evaluate_shard(ctx, run, inputs, shard_index, shard_count)
     out_dir = ctx.workdir("eval")
     progress = ctx.layout.stage(EVAL_PROGRESS)
-    _begin_eval_progress(ctx, run, out_dir, progress)
+    _begin_eval_progress(ctx, run, run.replacing, out_dir, progress)
     policies, summary = _evaluate_policies(ctx, out_dir, progress)
     summary.update(_record_verifier(ctx, _download_tasks(ctx), out_dir))
     write_json(out_dir / "summary.json", summary)
@@ -391,21 +394,24 @@ def evaluate_stage(ctx: StageContext, shard_index: int = 0, shard_count: int = 1
 EVAL_PROGRESS = "eval-progress"  # the trees a stopped evaluation finished, one object each
 
 
-def _begin_eval_progress(ctx: StageContext, run: StageRun, out_dir: Path, progress: str) -> None:
-    """Forced, the evaluation being replaced is not resumed, here or from the store; otherwise
-    the trees saved under `progress` are kept only under this run's fingerprint."""
-    if run.replacing:
+def _begin_eval_progress(
+    ctx: StageContext, run: StageRun, replacing: bool, out_dir: Path, progress: str
+) -> None:
+    """`replacing` (forced), the evaluation being replaced is not resumed, here or from the
+    store; otherwise the trees saved under `progress` are kept only under this run's
+    fingerprint."""
+    if replacing:
         empty_folder(out_dir)
         ctx.store.delete_prefix(progress)
     _check_saved_trees(ctx, run, progress, join_key(progress, PROGRESS_NAME))
 
 
-def _saved_trees(ctx: StageContext, prefix: str) -> Callable[[Any], None]:
+def _saved_trees(ctx: StageContext, prefix: str) -> Callable[[SearchedTree], None]:
     """Each tree the evaluation finishes, saved at once as its own object under
     `prefix/<label>/trees/<task_id>.json` with its resume state beside (`STATE.json`), so a pod
     that starts on another node resumes without searching those tasks again."""
 
-    def save(searched: Any) -> None:
+    def save(searched: SearchedTree) -> None:
         folder = join_key(prefix, searched.label)
         tree = searched.trajectory
         ctx.store.put_bytes(
@@ -421,16 +427,18 @@ def restore_saved_trees(ctx: StageContext, prefix: str, out_dir: Path) -> int:
     (codeq.evaluate.run.merge_resume); returns how many tasks that adds."""
     from codeq.evaluate.run import merge_resume
 
-    labels = sorted(
-        {key.removeprefix(prefix + "/").split("/")[0] for key in ctx.store.list(prefix)}
-    )
+    keys_of: dict[str, list[str]] = {}  # label -> its keys, from one listing
+    for key in ctx.store.list(prefix):
+        keys_of.setdefault(key.removeprefix(prefix + "/").split("/")[0], []).append(key)
     added = 0
-    for label in labels:
+    for label, keys in sorted(keys_of.items()):
         state_key = join_key(prefix, label, "STATE.json")
-        if not ctx.store.exists(state_key):
+        if state_key not in keys:
             continue
         trees: list[Trajectory] = []
-        for key in ctx.store.list(join_key(prefix, label, "trees")):
+        for key in keys:
+            if key == state_key:
+                continue
             try:
                 trees.append(Trajectory.model_validate_json(ctx.store.get_bytes(key)))
             except ValueError:
@@ -537,10 +545,7 @@ def _evaluate_shard(
     if not run.skipped:
         out_dir = ctx.workdir(f"eval-shard-{index}")
         progress = join_key(ctx.layout.stage(EVAL_PROGRESS), f"shard-{index}")
-        if merged.replacing:
-            empty_folder(out_dir)
-            ctx.store.delete_prefix(progress)
-        _begin_eval_progress(ctx, run, out_dir, progress)
+        _begin_eval_progress(ctx, run, run.replacing or merged.replacing, out_dir, progress)
         policies, summary = _evaluate_policies(ctx, out_dir, progress, (index, count))
         ctx.store.put_dir(prefix, out_dir)
         info = {"shard_index": index, "shard_count": count, "policies": list(policies)}
@@ -689,7 +694,7 @@ def _evaluate(
     split: Split,
     out_dir: Path,
     shard: tuple[int, int] | None = None,
-    on_tree: Callable[[Any], None] | None = None,
+    on_tree: Callable[[SearchedTree], None] | None = None,
 ) -> EvalResults:
     from codeq.evaluate import evaluate
     from codeq.pipeline.verifier import evaluation_tie_break
