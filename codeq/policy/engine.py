@@ -30,7 +30,12 @@ from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import groups_by_length
 from codeq.policy.prefix_cache import LayerKV, PrefixCache, common_prefix_length
 from codeq.policy.prompt_batch import PromptBatch
-from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
+from codeq.policy.requests import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationStats,
+    complete_all,
+)
 from codeq.policy.source import (
     announce_load,
     load_error,
@@ -208,12 +213,7 @@ class PolicyEngine:
 
         if seed is not None:
             torch.manual_seed(seed)
-        stream = self.stream()
-        tickets = [stream.submit(request) for request in requests]
-        results: dict[int, GenerationResult] = {}
-        while stream.busy:
-            results.update(stream.step())
-        return [results[ticket] for ticket in tickets]
+        return complete_all(self.stream(), requests)
 
     def stop_condition(self, kind: StopKind, prefix: str = "") -> StopCondition:
         return StopCondition(self.tokenizer, self.eos_ids, kind, prefix)

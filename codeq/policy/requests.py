@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from codeq.policy.stopping import StopKind
 from codeq.schemas import ChatMessage
@@ -48,3 +50,26 @@ class GenerationStats:
     steps: int = 0  # decode steps
     step_rows: int = 0  # sequences advanced, summed over decode steps
     max_rows: int = 0  # the most sequences one decode step advanced
+
+
+class RequestStream(Protocol):
+    """Continuous batching as every backend offers it (`policy.stream()`)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def submit(self, request: GenerationRequest) -> int: ...
+
+    def step(self) -> list[tuple[int, GenerationResult]]: ...
+
+
+def complete_all(
+    stream: RequestStream, requests: Sequence[GenerationRequest]
+) -> list[GenerationResult]:
+    """Submit every request to `stream` and step it until all are done; results in the
+    requests' order (the blocking `generate` of every backend)."""
+    tickets = [stream.submit(request) for request in requests]
+    results: dict[int, GenerationResult] = {}
+    while stream.busy:
+        results.update(stream.step())
+    return [results[ticket] for ticket in tickets]

@@ -1,15 +1,17 @@
-"""What the streams of the library backends (transformers' continuous batching, vLLM) keep of a
-submitted request while its samples are written, and how a finished sample becomes text.
+"""What every stream keeps of a submitted request while its samples are written (`Pending`), how
+a finished sample becomes text, and the stream the library backends (transformers' continuous
+batching, vLLM) share (`BackendStream`).
 
-The engine's own stream (`stream.py`) does the same inline; here it is shared so that every
-backend stops, counts, cuts and seeds a sample the way the engine does: done at EOS, at the
-close of the first fenced block ('code') or at the end of the score line ('score'), or after
-`max_new_tokens`; the count includes the stop token; a seeded request's sample `k` draws from
+The engine's own stream (`stream.py`) stops and seeds its samples inline; `Sample` does the
+same for the library backends, so that every backend stops, counts, cuts and seeds a sample the
+way the engine does: done at EOS, at the close of the first fenced block ('code') or at the end
+of the score line ('score'), or after `max_new_tokens`; the count includes the stop token; a seeded request's sample `k` draws from
 its own generator seeded by (seed, k).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,14 +94,18 @@ class Pending:
         how many tokens count as its completion."""
         sample.feed(tokens)
         count = sample.length(len(tokens))
-        kept = [int(t) for t in tokens[:count]]
+        self.record(sample.index, [int(t) for t in tokens[:count]], tokenizer)
+        return count
+
+    def record(self, index: int, kept: list[int], tokenizer: Any) -> None:
+        """Sample `index` has finished with the tokens `kept` (its completion, up to and
+        including its stop): its text, cut after the first fenced block for a 'code' request."""
         text = tokenizer.decode(kept, skip_special_tokens=True)
         if self.request.stop == "code":
             text = cut_after_code_block(text)
-        self.texts[sample.index], self.lengths[sample.index] = text, count
-        self.token_ids[sample.index] = kept
+        self.texts[index], self.lengths[index] = text, len(kept)
+        self.token_ids[index] = kept
         self.unfinished -= 1
-        return count
 
     def result(self) -> GenerationResult:
         return GenerationResult(
@@ -110,3 +116,58 @@ class Pending:
 def check_request(request: GenerationRequest) -> None:
     if request.n < 1:
         raise ValueError(f"a generation request needs n >= 1 samples, not {request.n}")
+
+
+class BackendStream:
+    """Requests in at any time, (ticket, result) out after any step: what the streams of the
+    library backends share. A subclass says how a request joins its backend's batch (`_add`)
+    and how one forward of that batch runs (`_forward`); the backend calls `sample_done` for
+    each sample as it stops."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.pending: dict[int, Pending] = {}
+        self.finished: list[tuple[int, GenerationResult]] = []
+        self._next_ticket = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.finished)
+
+    def submit(self, request: GenerationRequest) -> int:
+        check_request(request)
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        prompt = self.policy.encode_chat(request.messages, request.prefix)
+        self.pending[ticket] = Pending(request, prompt)
+        self._add(ticket, request, prompt)
+        return ticket
+
+    def step(self) -> list[tuple[int, GenerationResult]]:
+        """One forward (when none of this stream's results are waiting); returns this
+        stream's requests whose samples have all finished."""
+        if not self.finished and self.pending:
+            live = list(self.pending.values())
+            began = time.perf_counter()
+            self._forward()
+            spent = time.perf_counter() - began
+            self.policy.stats.seconds += spent
+            for entry in live:
+                entry.seconds += spent / len(live)
+        done, self.finished = self.finished, []
+        return done
+
+    def sample_done(self, sample: Sample, tokens: Sequence[int]) -> None:
+        entry = self.pending[sample.ticket]
+        count = entry.finish(sample, tokens, self.policy.tokenizer)
+        self.policy.stats.sequences += 1
+        self.policy.stats.completion_tokens += count
+        if not entry.unfinished:
+            del self.pending[sample.ticket]
+            self.finished.append((sample.ticket, entry.result()))
+
+    def _add(self, ticket: int, request: GenerationRequest, prompt: list[int]) -> None:
+        raise NotImplementedError
+
+    def _forward(self) -> None:
+        raise NotImplementedError

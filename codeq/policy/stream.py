@@ -21,9 +21,9 @@ from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import DecodeBatch
 from codeq.policy.prefix_cache import LayerKV, PrefixCache
 from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
-from codeq.policy.samples import sample_seed
+from codeq.policy.samples import Pending, sample_seed
 from codeq.policy.sampling import sample_tokens
-from codeq.policy.stopping import StopCondition, StopKind, cut_after_code_block
+from codeq.policy.stopping import StopCondition, StopKind
 
 
 class StreamModel(Protocol):
@@ -47,30 +47,6 @@ class StreamModel(Protocol):
 
 REFILL_FRACTION = 0.25  # waiting requests join once this share of the batch's rows is free:
 # admitting costs a prompt read and a rebuild of the batch's prompt part, so not every step
-
-
-@dataclass
-class _Ticket:
-    """One submitted request and what its samples have produced so far."""
-
-    request: GenerationRequest
-    prompt_ids: list[int]
-    texts: list[str] = field(init=False)  # by sample
-    lengths: list[int] = field(init=False)
-    token_ids: list[list[int]] = field(init=False)
-    unfinished: int = field(init=False)
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.texts = [""] * self.request.n
-        self.lengths = [0] * self.request.n
-        self.token_ids = [[] for _ in range(self.request.n)]
-        self.unfinished = self.request.n
-
-    def result(self) -> GenerationResult:
-        return GenerationResult(
-            self.texts, len(self.prompt_ids), self.lengths, self.seconds, self.token_ids
-        )
 
 
 @dataclass
@@ -102,7 +78,7 @@ class GenerationStream:
 
     def __init__(self, engine: StreamModel) -> None:
         self.engine = engine
-        self.tickets: dict[int, _Ticket] = {}
+        self.tickets: dict[int, Pending] = {}
         self.waiting: deque[int] = deque()
         self.sequences: list[_Sequence] = []  # in batch row order
         self.batch: DecodeBatch | None = None
@@ -126,7 +102,7 @@ class GenerationStream:
         ticket = self._next_ticket
         self._next_ticket += 1
         prompt = self.engine.encode_chat(request.messages, request.prefix)
-        self.tickets[ticket] = _Ticket(request, prompt)
+        self.tickets[ticket] = Pending(request, prompt)
         self.waiting.append(ticket)
         return ticket
 
@@ -319,12 +295,7 @@ class GenerationStream:
             written = sequence.tokens[: self.batch.own_length(row)]
             self.engine.prefixes.add(entry.prompt_ids + written, self.batch.sequence_kv(row))
         count = sequence.stop.length or len(sequence.tokens)
-        text = self.engine.tokenizer.decode(sequence.tokens[:count], skip_special_tokens=True)
-        if entry.request.stop == "code":
-            text = cut_after_code_block(text)
-        entry.texts[sequence.sample], entry.lengths[sequence.sample] = text, count
-        entry.token_ids[sequence.sample] = sequence.tokens[:count]
-        entry.unfinished -= 1
+        entry.record(sequence.sample, sequence.tokens[:count], self.engine.tokenizer)
         self.engine.stats.sequences += 1
         self.engine.stats.completion_tokens += count
         if entry.unfinished:

@@ -28,13 +28,17 @@ internals (`_create_batch_processor`, `_generation_step`), pinned by tests.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from codeq.errors import StageFailedError
-from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
-from codeq.policy.samples import Pending, Sample, check_request, sample_generator
+from codeq.policy.requests import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationStats,
+    complete_all,
+)
+from codeq.policy.samples import BackendStream, Sample, sample_generator
 
 if TYPE_CHECKING:
     from codeq.config import PolicyConfig
@@ -101,12 +105,7 @@ class TransformersPolicy:
 
         if seed is not None:
             torch.manual_seed(seed)
-        stream = self.stream()
-        tickets = [stream.submit(request) for request in requests]
-        results: dict[int, GenerationResult] = {}
-        while stream.busy:
-            results.update(stream.step())
-        return [results[ticket] for ticket in tickets]
+        return complete_all(self.stream(), requests)
 
     def clear_prefix_cache(self) -> None:
         """Forget every block kept for reuse (no request may be running)."""
@@ -120,52 +119,19 @@ class TransformersPolicy:
         return self._batch
 
 
-class ContinuousStream:
+class ContinuousStream(BackendStream):
     """Requests in at any time, (ticket, result) out after any step; all streams of a policy
     share its one batch, each hands back only its own requests."""
 
     def __init__(self, policy: TransformersPolicy) -> None:
-        self.policy = policy
+        super().__init__(policy)
         self.batch = policy.batch()
-        self.pending: dict[int, Pending] = {}
-        self.finished: list[tuple[int, GenerationResult]] = []
-        self._next_ticket = 0
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.pending or self.finished)
-
-    def submit(self, request: GenerationRequest) -> int:
-        check_request(request)
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        prompt = self.policy.encode_chat(request.messages, request.prefix)
-        self.pending[ticket] = Pending(request, prompt)
+    def _add(self, ticket: int, request: GenerationRequest, prompt: list[int]) -> None:
         self.batch.add(self, ticket, request, prompt)
-        return ticket
 
-    def step(self) -> list[tuple[int, GenerationResult]]:
-        """One forward of the shared batch (when none of this stream's results are waiting);
-        returns this stream's requests whose samples have all finished."""
-        if not self.finished and self.pending:
-            live = list(self.pending.values())
-            began = time.perf_counter()
-            self.batch.step()
-            spent = time.perf_counter() - began
-            self.policy.stats.seconds += spent
-            for entry in live:
-                entry.seconds += spent / len(live)
-        done, self.finished = self.finished, []
-        return done
-
-    def sample_done(self, ticket: int, sample: Sample, tokens: Sequence[int]) -> None:
-        entry = self.pending[ticket]
-        count = entry.finish(sample, tokens, self.policy.tokenizer)
-        self.policy.stats.sequences += 1
-        self.policy.stats.completion_tokens += count
-        if not entry.unfinished:
-            del self.pending[ticket]
-            self.finished.append((ticket, entry.result()))
+    def _forward(self) -> None:
+        self.batch.step()
 
 
 class _Batch:
@@ -264,7 +230,7 @@ class _Batch:
                 hint="run with policy.backend 'engine' to compare",
             )
         stream, sample, _ = self.owners.pop(output.request_id)
-        stream.sample_done(sample.ticket, sample, output.generated_tokens)
+        stream.sample_done(sample, output.generated_tokens)
 
     def owner(self, request_id: str) -> tuple[Sample, GenerationRequest] | None:
         found = self.owners.get(request_id)

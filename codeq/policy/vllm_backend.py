@@ -22,14 +22,18 @@ exactly these, and tests/test_vllm_backend.py checks them against the vllm sourc
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codeq.errors import ConfigError, ModelLoadError, StageFailedError
-from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
-from codeq.policy.samples import Pending, Sample, check_request, sample_seed
+from codeq.policy.requests import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationStats,
+    complete_all,
+)
+from codeq.policy.samples import BackendStream, Sample, sample_seed
 from codeq.policy.stopping import StopCondition, StopKind, eos_ids
 
 if TYPE_CHECKING:
@@ -222,12 +226,7 @@ class VllmPolicy:
     ) -> list[GenerationResult]:
         """Complete every request `n` times; order preserved. An unseeded request's samples
         draw from vLLM's own generator (`seed` is the engine's, set at load)."""
-        stream = self.stream()
-        tickets = [stream.submit(request) for request in requests]
-        results: dict[int, GenerationResult] = {}
-        while stream.busy:
-            results.update(stream.step())
-        return [results[ticket] for ticket in tickets]
+        return complete_all(self.stream(), requests)
 
     def clear_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
@@ -286,48 +285,12 @@ class VllmPolicy:
             )
 
 
-class VllmStream:
+class VllmStream(BackendStream):
     """Requests in at any time, (ticket, result) out after any step (see ContinuousStream in
-    transformers_backend.py: the same contract)."""
+    transformers_backend.py: the same contract); one forward is one engine step."""
 
-    def __init__(self, policy: VllmPolicy) -> None:
-        self.policy = policy
-        self.pending: dict[int, Pending] = {}
-        self.finished: list[tuple[int, GenerationResult]] = []
-        self._next_ticket = 0
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.pending or self.finished)
-
-    def submit(self, request: GenerationRequest) -> int:
-        check_request(request)
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        prompt = self.policy.encode_chat(request.messages, request.prefix)
-        self.pending[ticket] = Pending(request, prompt)
+    def _add(self, ticket: int, request: GenerationRequest, prompt: list[int]) -> None:
         self.policy.add(self, ticket, request, prompt)
-        return ticket
 
-    def step(self) -> list[tuple[int, GenerationResult]]:
-        """One engine step (when none of this stream's results are waiting); returns this
-        stream's requests whose samples have all finished."""
-        if not self.finished and self.pending:
-            live = list(self.pending.values())
-            began = time.perf_counter()
-            self.policy.step()
-            spent = time.perf_counter() - began
-            self.policy.stats.seconds += spent
-            for entry in live:
-                entry.seconds += spent / len(live)
-        done, self.finished = self.finished, []
-        return done
-
-    def sample_done(self, sample: Sample, tokens: Sequence[int]) -> None:
-        entry = self.pending[sample.ticket]
-        count = entry.finish(sample, tokens, self.policy.tokenizer)
-        self.policy.stats.sequences += 1
-        self.policy.stats.completion_tokens += count
-        if not entry.unfinished:
-            del self.pending[sample.ticket]
-            self.finished.append((sample.ticket, entry.result()))
+    def _forward(self) -> None:
+        self.policy.step()
