@@ -274,7 +274,7 @@ def test_sigterm_to_the_job_stops_every_training_process(tmp_path, tiny_model_di
             ranks = {
                 pid: command
                 for pid, command in descendants(job.pid).items()
-                if "-m codeq.train.distributed" in command
+                if "-m codeq.train.rank_process" in command
                 and "torch.distributed.run" not in command
             }
         assert len(ranks) == 2, f"the ranks never started:\n{log.read_text()[-3000:]}"

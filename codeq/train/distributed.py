@@ -33,13 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from codeq.config import CodeQConfig, TrainConfig
-from codeq.errors import (
-    EXIT_INTERNAL,
-    EXIT_OK,
-    CodeQError,
-    ConfigError,
-    TrainingProcessError,
-)
+from codeq.errors import CodeQError, ConfigError, TrainingProcessError
 from codeq.schemas import write_json
 from codeq.train.checkpoints import CheckpointTarget
 
@@ -48,6 +42,7 @@ log = logging.getLogger(__name__)
 SPEC_FILE = "launch.json"  # what every rank trains: the pairs, its output folder, the config
 ERRORS_DIR = "rank-errors"  # rank-<n>.json: the error a rank failed with, re-raised by the caller
 METRICS_FILE = "metrics.json"
+RANK_MODULE = "codeq.train.rank_process"  # what torchrun runs in each training process
 STOP_GRACE_S = 60  # after SIGTERM, torchrun stops its workers (30 s) before it is killed
 
 
@@ -148,7 +143,7 @@ def launch_ranks(
         "--nnodes=1",
         f"--nproc-per-node={processes}",
         "-m",
-        __name__,
+        RANK_MODULE,
         str(spec),
     ]
     returncode = _run(command)
@@ -227,59 +222,3 @@ def rank_error(errors_dir: Path, processes: int, returncode: int) -> CodeQError:
         "error of their own: killed, out of memory, or a failed start",
         hint="the job's log above has torchrun's report of the process that stopped",
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """One training process (torchrun runs `python -m codeq.train.distributed SPEC`)."""
-    from codeq.logs import setup_logging
-
-    spec = json.loads(Path((argv if argv is not None else sys.argv[1:])[0]).read_text())
-    setup_logging()
-    if this_rank() != 0:  # rank 0 logs for all; the others only warn
-        from datasets.utils.logging import disable_progress_bar
-
-        logging.getLogger().setLevel(logging.WARNING)
-        disable_progress_bar()
-    out_dir = Path(spec["out_dir"])
-    try:
-        from codeq.train.dpo import load_pairs, train_in_this_process
-
-        config = CodeQConfig.model_validate(spec["config"])
-        checkpoints = spec.get("checkpoints")
-        resume_from = spec.get("resume_from")
-        train_in_this_process(
-            load_pairs(Path(spec["pairs"])),
-            out_dir,
-            config,
-            CheckpointTarget.from_json(checkpoints) if checkpoints else None,
-            Path(resume_from) if resume_from else None,
-        )
-    except Exception as exc:
-        record_rank_error(out_dir, exc)
-        if isinstance(exc, CodeQError):
-            log.error("rank %d: %s", this_rank(), exc)
-            return exc.exit_code
-        log.error("rank %d: unexpected error", this_rank(), exc_info=exc)
-        return EXIT_INTERNAL
-    _close_process_group()
-    return EXIT_OK
-
-
-def _close_process_group() -> None:
-    """After a finished run only: a rank that failed exits at once, and torchrun stops the rest.
-    The barrier keeps any rank from closing its connections while another still uses them (rank 0
-    writes the metrics after the last collective)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    from codeq.logs import exit_at_once
-
-    # Gloo's C++ worker threads can outlive the process group and abort a finished rank while
-    # Python tears down ("terminate called without an active exception", exit -6 after a
-    # complete run: CI saw it once); everything a rank writes is written and closed by now.
-    exit_at_once(main())

@@ -43,6 +43,7 @@ from codeq.train.checkpoints import (
     upload_checkpoint,
     write_rank_state,
 )
+from codeq.train.distributed import batch_plan, launch_ranks, local_rank, this_rank, world_size
 from codeq.train.model import load_tokenizer, load_training_model, training_quantization
 
 log = logging.getLogger(__name__)
@@ -179,8 +180,6 @@ def require_tracking_client(report_to: str) -> None:
 def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: bool) -> Any:
     import torch
     from trl import DPOConfig
-
-    from codeq.train.distributed import batch_plan
 
     plan = batch_plan(config)  # one process: the config's batch; N: each rank's share of it
     return DPOConfig(
@@ -465,8 +464,6 @@ def _check_finite_history(steps: list[dict[str, Any]]) -> None:
 def _require_launched(config: TrainConfig) -> None:
     """A trainer for N processes is built in each of N launched processes (train_dpo launches
     them); built alone it would train on 1/N of each step's pairs."""
-    from codeq.train.distributed import world_size
-
     if world_size() != config.processes:
         raise ConfigError(
             f"train.processes={config.processes} but this is one process of {world_size()}",
@@ -480,8 +477,6 @@ def _training_device() -> int | None:
     quantizes its NF4 base onto its own GPU (accelerate refuses a 4-bit model on another
     device than the rank's)."""
     import torch
-
-    from codeq.train.distributed import local_rank
 
     if not torch.cuda.is_available():
         return None
@@ -572,8 +567,6 @@ def train_dpo(
     With train.processes > 1 in that many data-parallel processes (same files, same metrics).
     `checkpoints`: where checkpoints are copied as training goes; `resume_from`: a checkpoint
     folder (one of those copies) to continue from instead of step 0."""
-    from codeq.train.distributed import batch_plan, launch_ranks
-
     require_tracking_client(config.train.report_to)
     out_dir = Path(out_dir)
     pairs = load_pairs(Path(pairs_path))
@@ -613,8 +606,6 @@ def train_in_this_process(
 ) -> dict[str, Any]:
     """train_dpo in this process: the whole run, or one rank of N (only rank 0 writes files)."""
     from peft import set_peft_model_state_dict
-
-    from codeq.train.distributed import batch_plan, this_rank
 
     out_dir = Path(out_dir)
     policy = common_pair_policy(pairs)
