@@ -7,8 +7,9 @@ scored, and the figure (test-split solve rate per round for each mode, promotion
     .venv/bin/python bench/curve_figure.py                                   # the tables
     .venv/bin/python bench/curve_figure.py --png docs/results/learning-curves.png
 
-Every paired comparison is the exact one-sided McNemar test the promotion uses
-(codeq.promotion), on the same tasks; validation figures are read from each round's
+Every paired comparison is the exact one-sided test the promotion uses (codeq.promotion), on
+the same tasks: McNemar on greedy answers, or, for a round decided with promotion.samples, the
+sign-flip test on each task's passing answers; validation figures are read from each round's
 round-N-evaluate/ files (per task) where the curve committed them, else from round-N.json
 (the decision's gained and lost task ids).
 """
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from codeq.evaluate.results import EvalResults, ModeResult  # noqa: E402
 from codeq.evaluate.stats import wilson_interval  # noqa: E402
-from codeq.promotion import ModeComparison, compare_modes  # noqa: E402
+from codeq.promotion import ModeComparison, compare_modes, gate_figures  # noqa: E402
 from codeq.schemas import Lineage  # noqa: E402
 
 RESULTS = REPO / "docs" / "results"
@@ -159,9 +160,13 @@ def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
             role: round_eval(folder, number, role, "validation")
             for role in ("candidate", "incumbent")
         }
-        mode = entry["validation"][0]["mode"]
-        paired = compare_modes(
-            mode, validation["candidate"].modes[mode], validation["incumbent"].modes[mode]
+        decided = ModeComparison.model_validate(entry["validation"][0])
+        samples = decided.pass_counts.samples if decided.pass_counts else 0
+        paired = compare_modes(  # the test that decided: greedy McNemar, or sign-flip on passes
+            decided.mode,
+            validation["candidate"].modes[decided.mode],
+            validation["incumbent"].modes[decided.mode],
+            samples,
         )
         if not rows:
             rows.append(base_row(base, rate(paired.incumbent_solved, paired.tasks)))
@@ -232,13 +237,7 @@ def curve_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "label": "base" if row["round"] is None else row["label"],
                 "promoted": row["promoted"],
-                "validation": None
-                if paired is None
-                else {
-                    "gained": len(paired.gained),
-                    "lost": len(paired.lost),
-                    "p_better": paired.p_better,
-                },
+                "validation": None if paired is None else gate_figures(paired),
                 "modes": modes,
             }
         )
@@ -262,6 +261,16 @@ def paired_text(paired: ModeComparison | None, against: str | None) -> str:
     if paired is None:
         return ""
     gained, lost = len(paired.gained), len(paired.lost)
+    counts = paired.pass_counts
+    if counts is not None:  # decided on pass counts: say those and the sign-flip p
+        better = counts.candidate_passes >= counts.incumbent_passes
+        p = f"p = {p_text(paired.p_better)}" if better else f"p worse = {p_text(paired.p_worse)}"
+        return (
+            f"; +{gained} / -{lost} vs {against}; {counts.samples + 1} answers a task: "
+            f"{counts.candidate_passes} against {counts.incumbent_passes} of {counts.answers} "
+            f"pass, more on {counts.tasks_better} tasks, fewer on {counts.tasks_worse}, "
+            f"sign-flip {p}"
+        )
     if gained >= lost:
         p = f"p = {p_text(paired.p_better)}"
     else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import comb
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -167,6 +168,26 @@ def compare_modes(
             ),
         }
     )
+
+
+def gate_figures(comparison: ModeComparison) -> dict[str, Any]:
+    """What a learning-curve figure marks of a round's gate: the tasks it gained and lost and
+    its p for a gain. Under the sign-flip test (promotion.samples) the tasks where the candidate
+    passes more and fewer of its answers, with "answers" a task (greedy + sampled), so that
+    the counts and the p shown are those of the test that decided."""
+    counts = comparison.pass_counts
+    if counts is None:
+        return {
+            "gained": len(comparison.gained),
+            "lost": len(comparison.lost),
+            "p_better": comparison.p_better,
+        }
+    return {
+        "gained": counts.tasks_better,
+        "lost": counts.tasks_worse,
+        "p_better": comparison.p_better,
+        "answers": counts.samples + 1,
+    }
 
 
 def pass_counts(mode: str, result: ModeResult, samples: int, role: str) -> dict[str, int]:

@@ -166,3 +166,39 @@ def test_the_third_curves_test_measurement_pairs_each_policy_with_its_predecesso
     for row in rows:  # the others: candidates validation kept out, reported beside them
         if row["name"] not in ("base", "round-3"):
             assert not row["promoted"] and row["file"] == f"{row['name']}-candidate-test.json"
+
+
+def test_a_round_decided_on_pass_counts_is_quoted_with_its_sign_flip_test() -> None:
+    """A round decided with promotion.samples: its validation cell gives the greedy tasks
+    gained and lost, then the pass counts and the sign-flip p that decided it."""
+    from codeq.promotion import ModeComparison, PassCounts
+
+    sampled = ModeComparison(
+        mode="full_rewrite",
+        tasks=143,
+        candidate_solved=41,
+        incumbent_solved=38,
+        gained=["a", "b", "c", "d", "e"],
+        lost=["f", "g"],
+        p_better=0.0312,
+        p_worse=0.97,
+        test="sign_flip",
+        pass_counts=PassCounts(
+            samples=8,
+            answers=1287,
+            candidate_passes=420,
+            incumbent_passes=380,
+            tasks_better=31,
+            tasks_worse=20,
+        ),
+    )
+    assert curve_figure.paired_text(sampled, "round 3") == (
+        "; +5 / -2 vs round 3; 9 answers a task: 420 against 380 of 1287 pass, "
+        "more on 31 tasks, fewer on 20, sign-flip p = 0.031"
+    )
+    worse = sampled.model_copy(
+        update={"pass_counts": sampled.pass_counts.model_copy(update={"candidate_passes": 300})}
+    )
+    assert curve_figure.paired_text(worse, "round 3").endswith("sign-flip p worse = 0.97")
+    greedy = sampled.model_copy(update={"test": "mcnemar", "pass_counts": None})
+    assert curve_figure.paired_text(greedy, "round 3") == "; +5 / -2 vs round 3, p = 0.031"

@@ -571,3 +571,54 @@ def test_a_sign_flip_decision_is_explained_by_its_pass_counts() -> None:
     assert "cannot tell a gain this small from chance" in text
     assert "with 8 sampled answers per task, more passes on 12 tasks and fewer on 8" in text
     assert "would have to be gains" not in text and "promotion.samples" not in text
+
+
+def test_a_curve_round_decided_on_pass_counts_shows_that_test_s_counts(tmp_path) -> None:
+    """A round decided with promotion.samples is marked on the learning curve by the tasks
+    where the candidate passes more and fewer of its answers and the sign-flip p, not by its
+    greedy gained / lost beside a p they did not give."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from test_rerun import POLICY
+
+    from codeq.evaluate.results import EvalResults, SampledPasses
+    from codeq.promotion import compare_modes, gate_figures
+    from codeq.report.plots import draw_learning_curve, p_text
+
+    tasks = [f"t{i}" for i in range(20)]
+    greedy = {"candidate": {"t0", "t1"}, "incumbent": {"t1", "t2"}}
+    passes = {"candidate": {t: 3 if i < 6 else 0 for i, t in enumerate(tasks)}, "incumbent": {}}
+    passes["incumbent"] = {t: 1 if i < 6 else 0 for i, t in enumerate(tasks)}
+    modes = {}
+    for role in ("candidate", "incumbent"):
+        solved = {t: t in greedy[role] for t in tasks}
+        mode = EvalResults.model_validate(eval_results("validation", solved, POLICY))
+        result = mode.modes["full_rewrite"]
+        result.sampled = SampledPasses(
+            samples=4, temperature=0.8, top_p=0.95, per_task=passes[role], pass_rate=0.1
+        )
+        modes[role] = result
+    gate = compare_modes("full_rewrite", modes["candidate"], modes["incumbent"], 4)
+    figures = gate_figures(gate)
+    assert figures == {"gained": 6, "lost": 0, "p_better": gate.p_better, "answers": 5}
+    assert (len(gate.gained), len(gate.lost)) == (1, 1)  # greedy: no gain to show
+    greedy_only = compare_modes("full_rewrite", modes["candidate"], modes["incumbent"])
+    assert gate_figures(greedy_only) == {"gained": 1, "lost": 1, "p_better": 0.75}
+
+    rate = {"n": 60, "solved": 6, "solve_rate": 0.1, "ci_low": 0.05, "ci_high": 0.2}
+    points = [
+        {"label": "base", "promoted": None, "validation": None, "modes": {"m": rate}},
+        {"label": "round 0", "promoted": True, "validation": figures, "modes": {"m": rate}},
+    ]
+    fig, ax = plt.subplots()
+    draw_learning_curve(ax, points, "t")
+    ticks = [label.get_text() for label in ax.get_xticklabels()]
+    assert ticks[1] == f"round 0\npromoted\nval. +6/-0 (5 answers), p{p_text(gate.p_better)}"
+    plt.close(fig)
+
+    adapter = results("smollm2", {"a": True, "b": True, "c": False}, "round-0/adapter")
+    render_report(tmp_path / "report", results=adapter, learning_curve=points)
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "| round 0 | promoted (+6 / -0 tasks by passes of 5 answers each, p = " in markdown

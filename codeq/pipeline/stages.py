@@ -788,6 +788,8 @@ def _curve_point(label: str, path: Path, decision: dict[str, Any] | None) -> dic
     """One policy's test-split rates; for a candidate, whether validation promoted it and the
     gate mode's gained / lost tasks and p."""
     results = EvalResults.load(path)
+    from codeq.promotion import ModeComparison, gate_figures
+
     gate = (decision or {}).get("comparisons") or [None]
     return {
         "label": label,
@@ -795,11 +797,7 @@ def _curve_point(label: str, path: Path, decision: dict[str, Any] | None) -> dic
         "promoted": None if decision is None else bool(decision["promote"]),
         "validation": None
         if gate[0] is None
-        else {
-            "gained": len(gate[0]["gained"]),
-            "lost": len(gate[0]["lost"]),
-            "p_better": gate[0]["p_better"],
-        },
+        else gate_figures(ModeComparison.model_validate(gate[0])),
         "modes": {
             mode: Rate.model_validate(stats.model_dump(include=set(Rate.model_fields))).model_dump()
             for mode, stats in results.modes.items()

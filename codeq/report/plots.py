@@ -158,7 +158,9 @@ def draw_learning_curve(ax: Any, points: list[dict[str, Any]], title: str) -> No
     """Test-split solve rate per mode of the policy a run started from and of each round's
     candidate, with 95% Wilson intervals. points, in round order: {"label", "promoted" (None
     for the starting policy, else whether validation promoted the candidate), "validation"
-    (None, or the gate mode's {"gained", "lost", "p_better"}), "modes": {mode: rate stats}}.
+    (None, or the gate mode's {"gained", "lost", "p_better"}, and "answers" a task when the
+    sign-flip test on pass counts decided: codeq.promotion.gate_figures), "modes": {mode: rate
+    stats}}.
     Filled markers joined by a line are the policies the run went on from (its start and each
     promoted candidate); a hollow marker is a candidate validation kept out."""
     from matplotlib.lines import Line2D
@@ -226,8 +228,9 @@ def _curve_tick(point: dict[str, Any]) -> str:
     text = f"{point['label']}\n{'promoted' if point['promoted'] else 'kept out'}"
     validation = point.get("validation")
     if validation:
+        answers = f" ({validation['answers']} answers)" if validation.get("answers") else ""
         text += (
-            f"\nval. +{validation['gained']}/-{validation['lost']}, "
+            f"\nval. +{validation['gained']}/-{validation['lost']}{answers}, "
             f"p{p_text(validation['p_better'])}"
         )
     return text
