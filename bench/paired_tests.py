@@ -1,5 +1,6 @@
 """The ledger of paired tests: every comparison of a candidate against a reference on the same
-tasks (gained / lost, exact one-sided McNemar) that docs/results.md, docs/results-notebook.md,
+tasks (gained / lost, exact one-sided McNemar; the sign-flip test on pass counts where
+promotion.samples decided) that docs/results.md, docs/results-notebook.md,
 docs/promotion-power.md or the committed files under docs/results/ report, by split, recounted
 from the committed files wherever they hold the per-task answers.
 
@@ -10,7 +11,8 @@ The entries were read off the documents by hand (LEDGER); the third curve's roun
 off their committed folders (docs/results/learning-curve-defaults/rounds/round-N/). For every
 entry backed by per-task files this script recomputes gained and lost and checks them, the
 reported p, the split and the task set (the first 40 or the other 103 of the 143 validation
-tasks, the first 60 or the other 137 of the 197 test tasks); for one backed by counts only it
+tasks, the first 60 or the other 137 of the 197 test tasks; for a round decided with sampled
+answers, the sign-flip p on their pass counts); for one backed by counts only it
 checks the net difference; entries with no committed file are counted as read. Every result
 file under docs/results/ holding per-task answers or a promotion decision must be in an entry
 or listed with a reason (DUPLICATES, NOT_PAIRED), so a new result file fails the check until
@@ -36,7 +38,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from compare_evals import figures  # noqa: E402
 
-from codeq.promotion import one_sided_mcnemar  # noqa: E402
+from codeq.evaluate.results import EvalResults  # noqa: E402
+from codeq.promotion import ModeComparison, compare_modes, one_sided_mcnemar  # noqa: E402
 
 RESULTS = REPO / "docs" / "results"
 PAGE = RESULTS / "paired-tests.md"
@@ -91,6 +94,9 @@ class Entry:
     decision: tuple[str, ...] = ()
     counts: tuple[str, str] | None = None
     note: str = ""
+    samples: int = 0  # k > 0: decided with promotion.samples = k; gained / lost stay the greedy
+    # answers', the p is the exact sign-flip test on each task's passes among its greedy and k
+    # sampled answers, recomputed from `first` and `second` (one results file each)
 
 
 def e(
@@ -1193,9 +1199,19 @@ def defaults_rounds() -> list[Entry]:
             summary = f"{DEFAULTS}round-{number}.json"  # the curve's copy of the decision
             incumbent = decision["incumbent"]["adapters"]
             reference = f"round {incumbent[-1]['round']}'s policy" if incumbent else "base model"
-            gained, lost = (len(decision["comparisons"][0][k]) for k in ("gained", "lost"))
+            gate = decision["comparisons"][0]
+            gained, lost = (len(gate[k]) for k in ("gained", "lost"))
             mode = decision["gate_mode"]
             what = f"third curve, round {number} vs {reference}, {mode}"
+            samples = decision.get("samples", 0)
+            counts = gate.get("pass_counts")
+            sampled_note = (
+                f"greedy answers' gained / lost; decided by the sign-flip test on "
+                f"{samples + 1} answers a task: more passes on {counts['tasks_better']} tasks, "
+                f"fewer on {counts['tasks_worse']}"
+                if samples
+                else ""
+            )
             found.append(
                 e(
                     f"V-d{number}",
@@ -1212,6 +1228,8 @@ def defaults_rounds() -> list[Entry]:
                     second=(fig(f"{rel}/eval/incumbent/validation/results.json", mode),),
                     decision=(f"{rel}/promote/decision.json",)
                     + ((summary,) if (RESULTS / summary).is_file() else ()),
+                    samples=samples,
+                    note=sampled_note,
                 )
             )
             test = [f"{rel}/eval/{role}/test/results.json" for role in ("candidate", "incumbent")]
@@ -1342,7 +1360,28 @@ def ledger() -> list[Entry]:
 
 
 def p_values(entry: Entry) -> tuple[float, float]:
+    if entry.samples:
+        paired = pass_count_test(entry)
+        return paired.p_better, paired.p_worse
     return one_sided_mcnemar(entry.gained, entry.lost), one_sided_mcnemar(entry.lost, entry.gained)
+
+
+def pass_count_test(entry: Entry) -> ModeComparison:
+    """The sign-flip test of an entry decided with sampled answers, from its two files."""
+    (first,), (second,) = entry.first, entry.second
+    (path_a, mode), (path_b, _) = first.split(":", 1), second.split(":", 1)
+    candidate, reference = (EvalResults.model_validate(read(path)) for path in (path_a, path_b))
+    return compare_modes(mode, candidate.modes[mode], reference.modes[mode], entry.samples)
+
+
+def net_loss(entry: Entry) -> bool:
+    """Whether the candidate came out behind: fewer passing answers under the sign-flip
+    test, more tasks lost than gained under McNemar."""
+    if entry.samples:
+        counts = pass_count_test(entry).pass_counts
+        assert counts is not None
+        return counts.candidate_passes < counts.incumbent_passes
+    return entry.lost > entry.gained
 
 
 def p_matches(reported: str, better: float, worse: float) -> bool:
@@ -1484,9 +1523,9 @@ def counts_table(entries: list[Entry], backings: dict[str, str]) -> str:
 
 def p_text(entry: Entry) -> str:
     better, worse = p_values(entry)
-    if entry.gained == entry.lost == 0:
+    if entry.gained == entry.lost == 0 and not entry.samples:
         return "-"
-    if entry.lost > entry.gained:
+    if net_loss(entry):
         return f"worse {worse:.3f}"
     return f"{better:.3f}" if better >= 0.001 else "< 0.001"
 

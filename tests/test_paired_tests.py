@@ -72,3 +72,49 @@ def test_a_result_file_no_entry_uses_is_reported() -> None:
     ]
     _, problems = paired_tests.check_all(entries)
     assert any(p.startswith("prompt-ab/validation-40-refine.json: a result file") for p in problems)
+
+
+def test_a_round_decided_on_sampled_answers_is_checked_by_its_sign_flip_p(
+    tmp_path, monkeypatch
+) -> None:
+    """An entry decided with promotion.samples keeps the greedy gained / lost, and its p is
+    the sign-flip test's on the pass counts the two files hold, not McNemar's."""
+    from test_promote import BASE, CANDIDATE, sampled_results
+
+    from codeq.promotion import one_sided_mcnemar
+
+    task_ids = paired_tests.task_sets()[("validation", 40)]
+    greedy_new = {t: i in (0, 1, 2, 5, 6) for i, t in enumerate(task_ids)}
+    greedy_old = {t: i in (3, 5, 6) for i, t in enumerate(task_ids)}
+    new_passes = {t: (4 if i < 12 else 0) for i, t in enumerate(task_ids)}
+    old_passes = {t: (1 if i < 12 else 0) for i, t in enumerate(task_ids)}
+    for name, policy, greedy, passes in (
+        ("candidate.json", CANDIDATE, greedy_new, new_passes),
+        ("incumbent.json", BASE, greedy_old, old_passes),
+    ):
+        results = sampled_results("validation", policy, greedy, passes, 8)
+        (tmp_path / name).write_text(results.model_dump_json())
+    sets = paired_tests.task_sets()  # read from the real files before the folder moves
+    monkeypatch.setattr(paired_tests, "RESULTS", tmp_path)
+    paired_tests.read.cache_clear()
+    try:
+        entry = paired_tests.e(
+            "V-x",
+            "validation",
+            40,
+            "2026-11-29",
+            "a sampled round",
+            (3, 1),
+            p="< 0.001",
+            first=("candidate.json:full_rewrite",),
+            second=("incumbent.json:full_rewrite",),
+            samples=8,
+        )
+        assert paired_tests.check_entry(entry, sets)[1] == []
+        assert paired_tests.p_text(entry) == "< 0.001"
+        mcnemar = f"{one_sided_mcnemar(3, 1):.3g}"
+        as_greedy = dataclasses.replace(entry, p=mcnemar)
+        assert paired_tests.check_entry(as_greedy, sets)[1]  # the sign-flip p is far smaller
+        assert paired_tests.check_entry(dataclasses.replace(as_greedy, samples=0), sets)[1] == []
+    finally:
+        paired_tests.read.cache_clear()
