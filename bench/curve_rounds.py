@@ -295,13 +295,25 @@ def restore_round(store: Any, results: Path, number: int, settings: dict[str, An
     return True
 
 
+def running_state(key: str) -> bool:
+    """An evaluation's resume state (`eval-progress/<role>/<split>/<label>/STATE.json`): it is
+    rewritten with each tree saved (its seconds so far), so a store that went on after a
+    partial copy was made holds a later one. The trees themselves never change once saved,
+    and PROGRESS.json's fingerprint refuses saved trees of another configuration."""
+    inside = stage_relative(key)
+    return inside.startswith("eval-progress/") and inside.endswith("/STATE.json")
+
+
 def check_store_holds(store: Any, folder: Path, entry: dict[str, Any], number: int) -> None:
     """Every committed key the store holds must hold the committed content (markers, which carry
-    times, and the run's current policy, which moves on, aside)."""
+    times, the run's current policy, which moves on, and an evaluation's running state, see
+    `running_state`, aside)."""
     from codeq.errors import CorruptInputError
 
     for key, recorded in entry["keys"].items():
         if key.endswith("/_COMPLETE") or "/current/" in key or not store.exists(key):
+            continue
+        if running_state(key):  # a later stop's store is ahead of the copy: its own stands
             continue
         if hashlib.sha256(store.get_bytes(key)).hexdigest() != recorded["sha256"]:
             raise CorruptInputError(

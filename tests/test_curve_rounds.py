@@ -214,6 +214,7 @@ def store_with_a_round_under_way(root: Path):
         f"{prefix}/trajectories/shard-0/tasks/t1.json": b'{"task_id": "t1"}\n',
         f"{prefix}/train-progress/checkpoint.bin": random.Random(1).randbytes(1 << 15),
         f"{prefix}/eval-progress/candidate/validation/full_rewrite/trees/t5.json": b"{}\n",
+        f"{prefix}/eval-progress/candidate/validation/full_rewrite/STATE.json": b'{"s": 9.5}\n',
     }
     for key, data in objects.items():
         store.put_bytes(key, data)
@@ -229,6 +230,7 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     listed = json.loads((folder / curve_rounds.PARTIAL_FILE).read_text())["keys"]
     assert record["keys"] == listed
     assert sorted(key.removeprefix("runs/curve/round-1/") for key in listed) == [
+        "eval-progress/candidate/validation/full_rewrite/STATE.json",
         "eval-progress/candidate/validation/full_rewrite/trees/t5.json",  # hours of searching
         "tasks/MANIFEST.json",  # prepare's record, not the data set
         "tasks/report.json",
@@ -238,8 +240,15 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     ]  # no train checkpoint: too large for git
     assert curve_rounds.partial_rounds(results) == [1]
 
+    # the same store went on after the copy was made: another tree saved, the state rewritten
+    evaluation = "runs/curve/round-1/eval-progress/candidate/validation/full_rewrite"
+    store.put_bytes(f"{evaluation}/trees/t6.json", b"{}\n")
+    store.put_bytes(f"{evaluation}/STATE.json", b'{"s": 20.25}\n')
+    assert curve_rounds.restore_partial(store, results, 1, SETTINGS) == 0
+    assert store.get_bytes(f"{evaluation}/STATE.json") == b'{"s": 20.25}\n'  # its own stands
+
     fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
-    assert curve_rounds.restore_partial(fresh, results, 1, SETTINGS) == 4
+    assert curve_rounds.restore_partial(fresh, results, 1, SETTINGS) == 5
     assert not fresh.exists(manifest)  # prepare builds the tasks on this machine first
     assert (
         fresh.get_bytes("runs/curve/round-1/trajectories/shard-0/tasks/t1.json")
