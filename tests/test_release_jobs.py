@@ -9,19 +9,17 @@ import copy
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
 import yaml
+from fake_kube_api import TOKEN, KubeApiHandler, merge_patch, serving
 from test_helm import ARGO_SAMPLE, objects, substitute, templates, workflow_template
 
 NAMESPACE = "codeq"
 WORKFLOW = "codeq-round-x7k2p"
-TOKEN = "test-token"
 
 
 def job(name: str, workflow: str, conditions: list[tuple[str, str, str]], **labels: str):
@@ -57,26 +55,9 @@ JOBS = [
 ]
 
 
-class FakeApi(BaseHTTPRequestHandler):
+class FakeApi(KubeApiHandler):
     jobs: dict[str, dict[str, Any]] = {}
     calls: list[tuple[str, str, Any]] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _reply(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            self._reply(401, {"kind": "Status", "code": 401})
-            return False
-        return True
 
     def _name(self, path: str) -> str | None:
         prefix = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
@@ -98,17 +79,11 @@ class FakeApi(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         if not self._authorized():
             return
-        assert self.headers["Content-Type"] == "application/merge-patch+json"
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self._merge_patch_body()
         name = self._name(urlparse(self.path).path)
         self.calls.append(("PATCH", name, body))
         target = self.jobs[name]
-        for section in ("metadata", "spec"):
-            for key, value in body.get(section, {}).items():
-                if isinstance(value, dict):
-                    target[section].setdefault(key, {}).update(value)
-                else:
-                    target[section][key] = value
+        merge_patch(target, body)
         self._reply(200, target)
 
     def do_DELETE(self) -> None:
@@ -124,11 +99,8 @@ class FakeApi(BaseHTTPRequestHandler):
 def api():
     FakeApi.jobs = {j["metadata"]["name"]: copy.deepcopy(j) for j in JOBS}
     FakeApi.calls = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(FakeApi) as url:
+        yield url
 
 
 def run_exit_handler(

@@ -7,24 +7,22 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import signal
 import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
+from fake_kube_api import TOKEN, KubeApiHandler, merge_patch, serving
 from test_helm import ARGO_SAMPLE, objects, substitute, templates, workflow_template
 
 NAMESPACE = "codeq"
 WORKFLOW = ARGO_SAMPLE["workflow.name"]
 RUN = ARGO_SAMPLE["workflow.parameters.run"]
-TOKEN = "test-token"
 JOBS_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
 WORKFLOWS_PATH = f"/apis/argoproj.io/v1alpha1/namespaces/{NAMESPACE}/workflows"
 NOW = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -132,7 +130,7 @@ def job(
     }
 
 
-class FakeApi(BaseHTTPRequestHandler):
+class FakeApi(KubeApiHandler):
     """Jobs and Workflows by name. `timeline[name]` holds the statuses that successive GETs of
     that Job return (the last one stays; `_suspend` in one sets spec.suspend, as Kueue does).
     After each list, stopped Jobs lose their pods unless `pods_never_stop`."""
@@ -143,23 +141,6 @@ class FakeApi(BaseHTTPRequestHandler):
     pods_never_stop = False
     calls: list[tuple[str, str, Any]] = []
     lock = threading.Lock()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _reply(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            self._reply(401, {"kind": "Status", "code": 401})
-            return False
-        return True
 
     def do_GET(self) -> None:
         if not self._authorized():
@@ -210,8 +191,7 @@ class FakeApi(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         if not self._authorized():
             return
-        assert self.headers["Content-Type"] == "application/merge-patch+json"
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self._merge_patch_body()
         name = urlparse(self.path).path[len(JOBS_PATH) :].strip("/")
         with self.lock:
             self.calls.append(("PATCH", name, body))
@@ -219,12 +199,7 @@ class FakeApi(BaseHTTPRequestHandler):
                 self._reply(404, {"kind": "Status", "code": 404})
                 return
             target = self.jobs[name]
-            for section in ("metadata", "spec"):
-                for key, value in body.get(section, {}).items():
-                    if isinstance(value, dict):
-                        target[section].setdefault(key, {}).update(value)
-                    else:
-                        target[section][key] = value
+            merge_patch(target, body)
             self.timeline.pop(name, None)
             self._reply(200, target)
 
@@ -251,11 +226,8 @@ class FakeApi(BaseHTTPRequestHandler):
 def api():
     FakeApi.jobs, FakeApi.workflows, FakeApi.timeline, FakeApi.calls = {}, {}, {}, []
     FakeApi.pods_never_stop = False
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(FakeApi) as url:
+        yield url
 
 
 def scripts_folder(tmp_path: Path) -> Path:
