@@ -141,15 +141,19 @@ def learning_curve_plot(points: list[dict[str, Any]]) -> str:
 
 
 def learning_curve_figure(panels: list[tuple[str, list[dict[str, Any]]]]) -> bytes:
-    """Several learning curves side by side (one panel each), as PNG bytes."""
+    """Several learning curves, one panel a row, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    width = sum(max(4.5, 1.6 * len(points)) for _, points in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.6), sharey=True, squeeze=False)
-    for ax, (title, points) in zip(axes[0], panels, strict=True):
+    # one panel a row, as wide as the longest curve needs: side by side, a curve of a dozen
+    # rounds squeezed its tick labels into each other, and the whole was too wide to read
+    width = max(max(4.5, 1.6 * len(points)) for _, points in panels)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(width, 4.6 * len(panels)), sharey=True, squeeze=False
+    )
+    for ax, (title, points) in zip(axes[:, 0], panels, strict=True):
         draw_learning_curve(ax, points, title)
     return _figure_bytes(fig)
 
@@ -228,9 +232,10 @@ def _curve_tick(point: dict[str, Any]) -> str:
     text = f"{point['label']}\n{'promoted' if point['promoted'] else 'kept out'}"
     validation = point.get("validation")
     if validation:
-        answers = f" ({validation['answers']} answers)" if validation.get("answers") else ""
         text += (
-            f"\nval. +{validation['gained']}/-{validation['lost']}{answers}, "
+            f"\nval. +{validation['gained']}/-{validation['lost']}, "
             f"p{p_text(validation['p_better'])}"
         )
+        if validation.get("answers"):  # decided on pass counts: tasks with more / fewer
+            text += f"\n(passes of {validation['answers']} answers)"
     return text
