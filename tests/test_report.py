@@ -615,7 +615,10 @@ def test_a_curve_round_decided_on_pass_counts_shows_that_test_s_counts(tmp_path)
     fig, ax = plt.subplots()
     draw_learning_curve(ax, points, "t")
     ticks = [label.get_text() for label in ax.get_xticklabels()]
-    assert ticks[1] == f"round 0\npromoted\nval. +6/-0, p{p_text(gate.p_better)}\n(passes of 5 answers)"
+    assert (
+        ticks[1]
+        == f"round 0\npromoted\nval. +6/-0, p{p_text(gate.p_better)}\n(passes of 5 answers)"
+    )
     plt.close(fig)
 
     adapter = results("smollm2", {"a": True, "b": True, "c": False}, "round-0/adapter")
