@@ -139,11 +139,14 @@ MEASUREMENT_TITLE = "Third curve's test measurement: the other 137 test tasks"
 
 
 def round_eval(folder: Path, number: int, role: str, split: str) -> EvalResults:
-    """A committed round's evaluation (rounds/round-N/store/, as its evaluate stage wrote it)."""
+    """A committed round's evaluation (rounds/round-N/store/, as its evaluate stage wrote it,
+    xz-compressed where that paid)."""
+    from curve_rounds import read_packed
+
     (path,) = (folder / "rounds" / f"round-{number}" / "store" / "runs").glob(
-        f"*/round-{number}/eval/{role}/{split}/results.json"
+        f"*/round-{number}/eval/{role}/{split}/results.json*"
     )
-    return EvalResults.load(path)
+    return EvalResults.model_validate_json(read_packed(path.with_name("results.json")))
 
 
 def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:

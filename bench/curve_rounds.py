@@ -113,6 +113,15 @@ def pack(data: bytes) -> bytes:
     return packed if len(packed) <= 0.9 * len(data) else data
 
 
+def read_packed(path: Path) -> bytes:
+    """The content of a file a committed round holds under its own name: `path` itself, or
+    `path` + '.xz' where `pack` compressed it (a validation results.json with sampled answers
+    is large enough to be)."""
+    if path.is_file():
+        return path.read_bytes()
+    return lzma.decompress(path.with_name(path.name + ".xz").read_bytes())
+
+
 def write_objects(store: Any, folder: Path, keys: list[str]) -> dict[str, dict[str, Any]]:
     """Each key's content under `folder/store/<key>` (xz where it pays), equal contents stored
     once; returns each key's sha256, size and file, as round.json lists them."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import lzma
 import re
 import sys
 from collections import Counter
@@ -37,6 +38,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from compare_evals import figures  # noqa: E402
+from curve_rounds import read_packed  # noqa: E402
 
 from codeq.evaluate.results import EvalResults  # noqa: E402
 from codeq.promotion import ModeComparison, compare_modes, one_sided_mcnemar  # noqa: E402
@@ -1116,7 +1118,8 @@ NOT_PAIRED: dict[str, str] = {
 
 @functools.cache
 def read(path: str) -> Any:
-    return json.loads((RESULTS / path).read_text())
+    """A committed result file (its xz copy where a round's was packed: curve_rounds.pack)."""
+    return json.loads(read_packed(RESULTS / path))
 
 
 def answers(spec: str) -> tuple[str, dict[str, bool]]:
@@ -1445,10 +1448,11 @@ def referenced(entries: list[Entry]) -> set[str]:
 def result_files() -> list[str]:
     """Every committed file holding per-task answers or a promotion decision."""
     found = []
-    for path in sorted(RESULTS.rglob("*.json")):
+    packed = {path.with_name(path.name.removesuffix(".xz")) for path in RESULTS.rglob("*.json.xz")}
+    for path in sorted(set(RESULTS.rglob("*.json")) | packed):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            data = json.loads(read_packed(path))
+        except (OSError, json.JSONDecodeError, lzma.LZMAError):
             continue
         if not isinstance(data, dict):
             continue
