@@ -118,3 +118,13 @@ def test_a_round_decided_on_sampled_answers_is_checked_by_its_sign_flip_p(
         assert paired_tests.check_entry(dataclasses.replace(as_greedy, samples=0), sets)[1] == []
     finally:
         paired_tests.read.cache_clear()
+
+
+def test_result_files_packed_with_xz_are_in_the_ledger_too() -> None:
+    """A committed round keeps a large results.json as results.json.xz (curve_rounds.pack): it
+    is read and must be in the ledger like any other result file."""
+    listed = set(paired_tests.result_files())
+    packed = sorted(paired_tests.RESULTS.rglob("results.json.xz"))
+    assert packed  # validation results with sampled answers (round 11 of the third curve on)
+    for path in packed:
+        assert path.relative_to(paired_tests.RESULTS).as_posix().removesuffix(".xz") in listed
