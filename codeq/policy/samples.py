@@ -5,8 +5,8 @@ batching, vLLM) share (`BackendStream`).
 The engine's own stream (`stream.py`) stops and seeds its samples inline; `Sample` does the
 same for the library backends, so that every backend stops, counts, cuts and seeds a sample the
 way the engine does: done at EOS, at the close of the first fenced block ('code') or at the end
-of the score line ('score'), or after `max_new_tokens`; the count includes the stop token; a seeded request's sample `k` draws from
-its own generator seeded by (seed, k).
+of the score line ('score'), or after `max_new_tokens`; the count includes the stop token; a
+seeded request's sample `k` draws from its own generator seeded by (seed, k).
 """
 
 from __future__ import annotations
