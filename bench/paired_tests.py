@@ -1369,6 +1369,7 @@ def p_values(entry: Entry) -> tuple[float, float]:
     return one_sided_mcnemar(entry.gained, entry.lost), one_sided_mcnemar(entry.lost, entry.gained)
 
 
+@functools.cache  # checked, then written (its p and its direction): computed once
 def pass_count_test(entry: Entry) -> ModeComparison:
     """The sign-flip test of an entry decided with sampled answers, from its two files."""
     (first,), (second,) = entry.first, entry.second

@@ -97,6 +97,7 @@ def test_a_round_decided_on_sampled_answers_is_checked_by_its_sign_flip_p(
     sets = paired_tests.task_sets()  # read from the real files before the folder moves
     monkeypatch.setattr(paired_tests, "RESULTS", tmp_path)
     paired_tests.read.cache_clear()
+    paired_tests.pass_count_test.cache_clear()
     try:
         entry = paired_tests.e(
             "V-x",
@@ -118,6 +119,7 @@ def test_a_round_decided_on_sampled_answers_is_checked_by_its_sign_flip_p(
         assert paired_tests.check_entry(dataclasses.replace(as_greedy, samples=0), sets)[1] == []
     finally:
         paired_tests.read.cache_clear()
+        paired_tests.pass_count_test.cache_clear()
 
 
 def test_result_files_packed_with_xz_are_in_the_ledger_too() -> None:

@@ -787,9 +787,9 @@ def learning_curve(ctx: StageContext, found: dict[str, Path]) -> list[dict[str, 
 def _curve_point(label: str, path: Path, decision: dict[str, Any] | None) -> dict[str, Any]:
     """One policy's test-split rates; for a candidate, whether validation promoted it and the
     gate mode's gained / lost tasks and p."""
-    results = EvalResults.load(path)
     from codeq.promotion import ModeComparison, gate_figures
 
+    results = EvalResults.load(path)
     gate = (decision or {}).get("comparisons") or [None]
     return {
         "label": label,

@@ -21,7 +21,7 @@ from codeq.policy.attention import batch_attention
 from codeq.policy.decode_batch import DecodeBatch
 from codeq.policy.prefix_cache import LayerKV, PrefixCache
 from codeq.policy.requests import GenerationRequest, GenerationResult, GenerationStats
-from codeq.policy.samples import Pending, sample_seed
+from codeq.policy.samples import Pending, check_request, sample_seed
 from codeq.policy.sampling import sample_tokens
 from codeq.policy.stopping import StopCondition, StopKind
 
@@ -97,8 +97,7 @@ class GenerationStream:
 
     def submit(self, request: GenerationRequest) -> int:
         """Queue a request; returns its ticket, which `step` hands back with the result."""
-        if request.n < 1:
-            raise ValueError(f"a generation request needs n >= 1 samples, not {request.n}")
+        check_request(request)
         ticket = self._next_ticket
         self._next_ticket += 1
         prompt = self.engine.encode_chat(request.messages, request.prefix)
