@@ -43,6 +43,7 @@ PARTIAL_SUFFIX = "-partial"
 CHECKPOINT_PREFIXES = ("train-progress/", "verifier-progress/")  # too large for git
 SMALL_FILE_BYTES = 16 * 1024  # kept as they are: readable in a diff, little to gain
 TASK_FILES = ("train.jsonl", "validation.jsonl", "test.jsonl")  # what prepare must rebuild alike
+HELD_OUT_FILES = ("validation.jsonl", "test.jsonl")
 
 
 def effective_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -398,11 +399,17 @@ def task_files_sha256(store: Any, tasks_manifest_key: str) -> dict[str, str]:
 
 def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str) -> str | None:
     """The tasks this machine's prepare built for a committed round (finished, or the partial
-    copy of one under way) must be the recorded ones. One exception, returned as a note: once a
-    round's collect finished, its train tasks (the ones it searched) may differ in content but
-    not in which tasks they are. Prepare keeps a generated hidden test only when the oracle answers
-    it within its limit, so a loaded machine drops a few; the round's trees, pairs and adapter
-    stand as committed, and later rounds read only the validation and test files."""
+    copy of one under way) must be the recorded ones. Two exceptions, returned as a note, both
+    for what a loaded machine's prepare does: it keeps a generated hidden test only when the
+    oracle answers it within its limit, so it may drop a few tests, or a task whose bug no test
+    left catches.
+    - Once a round's collect finished, its train tasks (the ones it searched) may differ in
+      content but not in which tasks they are: the round's trees, pairs and adapter stand as
+      committed, and later rounds read only the validation and test files.
+    - A finished round whose recorded validation or test tasks were not round 0's (its prepare
+      dropped one, which reorders the split) is rebuilt here with round 0's, the ones every new
+      round must have (`prepare_held_out_alike`): its committed evaluation stands as made on its
+      own tasks, and nothing later reads that round's held-out files."""
     from codeq.errors import CorruptInputError
 
     path = committed_record(results, number)
@@ -417,16 +424,18 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
     differing = sorted(
         name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name)
     )
-    train = tasks_manifest_key.rsplit("/", 1)[0] + "/train.jsonl"
-    if differing == ["train.jsonl"]:  # a partial copy's collect may have finished too
-        searched = searched_task_ids(path.parent, entry)
-        if searched and searched == built_task_ids(store, train):
-            return (
-                f"round {number}'s train tasks built here differ in content from those "
-                f"{path} was made with (sha256 {now['train.jsonl'][:12]} here, "
-                f"{recorded['train.jsonl'][:12]} recorded) but are the same "
-                f"{len(searched)} tasks: its trees stand as committed"
-            )
+    notes = []
+    if "train.jsonl" in differing:  # a partial copy's collect may have finished too
+        note = same_searched_tasks(store, path, entry, number, tasks_manifest_key)
+        if note:
+            differing.remove("train.jsonl")
+            notes.append(note)
+    if finished and number > 0:
+        for name in [name for name in differing if name in HELD_OUT_FILES]:
+            note = held_out_as_round_0s(results, number, name, now[name], recorded[name])
+            if note:
+                differing.remove(name)
+                notes.append(note)
     if differing:
         raise CorruptInputError(
             f"round {number}'s tasks built here differ from those {path} was made with: "
@@ -438,7 +447,43 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
             hint="use the DebugBench copy the curve used (--source), or a new --results folder"
             + ("" if finished else f"; or delete {path.parent} to compute round {number} again"),
         )
-    return None
+    return "; ".join(notes) or None
+
+
+def same_searched_tasks(
+    store: Any, path: Path, entry: dict[str, Any], number: int, tasks_manifest_key: str
+) -> str | None:
+    """A note when the train file built here holds exactly the tasks the committed round's
+    collect searched, else None."""
+    train = tasks_manifest_key.rsplit("/", 1)[0] + "/train.jsonl"
+    searched = searched_task_ids(path.parent, entry)
+    if not searched or searched != built_task_ids(store, train):
+        return None
+    now = task_files_sha256(store, tasks_manifest_key)["train.jsonl"]
+    return (
+        f"round {number}'s train tasks built here differ in content from those "
+        f"{path} was made with (sha256 {now[:12]} here, "
+        f"{entry['tasks_sha256']['train.jsonl'][:12]} recorded) but are the same "
+        f"{len(searched)} tasks: its trees stand as committed"
+    )
+
+
+def held_out_as_round_0s(
+    results: Path, number: int, name: str, built: str, recorded: str
+) -> str | None:
+    """A note when held-out file `name` built here for finished round `number` is round 0's
+    and the round's recorded one was not, else None."""
+    first = committed_record(results, 0)
+    if first is None:
+        return None
+    first_sha256 = json.loads(first.read_text())["tasks_sha256"].get(name)
+    if built != first_sha256 or recorded == first_sha256:
+        return None
+    return (
+        f"round {number} was made on other {name} tasks than round 0's (sha256 "
+        f"{recorded[:12]} recorded, round 0's {built[:12]}); this machine built round 0's, "
+        "as every new round must: its committed evaluation stands as made on its own tasks"
+    )
 
 
 def searched_task_ids(folder: Path, entry: dict[str, Any]) -> set[str]:
@@ -461,7 +506,6 @@ def built_task_order(store: Any, key: str) -> list[str]:
     return [json.loads(line).get("task_id") for line in lines if line.strip()]
 
 
-HELD_OUT_FILES = ("validation.jsonl", "test.jsonl")
 PREPARE_ATTEMPTS = 3  # a round's prepare in all, where it built other held-out tasks
 
 

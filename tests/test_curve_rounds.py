@@ -199,6 +199,38 @@ def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(
         curve_rounds.check_tasks(store, tmp_path / "results", 0, manifest)
 
 
+def test_a_finished_round_made_on_other_held_out_tasks_is_rebuilt_with_round_0s(tmp_path):
+    """Prepare that lost an oracle answer dropped a test task and reordered the test split
+    (round 8 of the third curve): a fresh machine builds round 0's test tasks for it, as every
+    new round must, and the round stands as committed; any other test file is refused, and so
+    is a round under way whose held-out tasks moved."""
+    store, _ = store_with_a_round(tmp_path / "store")
+    results = tmp_path / "results"
+
+    def prepared(number: int, test: str) -> str:
+        manifest = f"runs/curve/round-{number}/tasks/MANIFEST.json"
+        files = {"train.jsonl": {"sha256": "aa" * 32}, "test.jsonl": {"sha256": test * 32}}
+        store.put_bytes(manifest, json.dumps({"version": 1, "files": files}).encode())
+        return manifest
+
+    curve_rounds.persist_round(store, results, 0, ["curve"], SETTINGS, prepared(0, "c0"))
+    curve_rounds.persist_round(store, results, 1, ["curve"], SETTINGS, prepared(1, "d1"))
+
+    note = curve_rounds.check_tasks(store, results, 1, prepared(1, "c0"))
+    assert note and "round 1 was made on other test.jsonl tasks than round 0's" in note
+    with pytest.raises(CorruptInputError, match=r"test\.jsonl \(sha256 e2e2e2e2e2e2 here"):
+        curve_rounds.check_tasks(store, results, 1, prepared(1, "e2"))
+    with pytest.raises(CorruptInputError, match=r"test\.jsonl \(sha256 d1d1"):
+        curve_rounds.check_tasks(store, results, 0, prepared(0, "d1"))  # round 0 itself
+
+    finished = curve_rounds.finished_record(results, 1)
+    partial = curve_rounds.partial_folder(results, 1) / curve_rounds.PARTIAL_FILE
+    partial.parent.mkdir(parents=True)
+    finished.rename(partial)
+    with pytest.raises(CorruptInputError, match=r"partial\.json was made with: test\.jsonl"):
+        curve_rounds.check_tasks(store, results, 1, prepared(1, "c0"))
+
+
 def store_with_a_round_under_way(root: Path):
     """Round 1 of run `curve`: prepared, its collect stopped after two tasks, no train yet,
     and an evaluation's saved tree (as a later stop would leave)."""
