@@ -256,10 +256,12 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["search"]["parallel_trees"] = settings["policy"]["batch_size"]
     if args.tiny:
         settings["tasks"].update({"test_fraction": 0.25, "validation_fraction": 0.25})
-        # float32 and fp32: on a CPU without AMX, bf16 takes twice the time (docs/performance.md)
+        # float32 and fp32: on a CPU without AMX, bf16 takes twice the time (docs/performance.md).
+        # 32 new tokens still give every round pairs to train on (its siblings differ); 48 took a
+        # quarter longer to search and evaluate, in the suite's longest test
         settings["policy"].update(
             {
-                "max_new_tokens": 48,
+                "max_new_tokens": 32,
                 "critique_max_new_tokens": 8,
                 "batch_size": 8,
                 "dtype": "float32",
@@ -273,6 +275,9 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             {
                 "lora_r": 4,
                 "lora_alpha": 8,
+                # one step of one micro-batch (2 pairs): the default accumulation of 8 ran
+                # three micro-batches of the tiny rounds' pairs, 22 s of each tiny train
+                "gradient_accumulation_steps": 1,
                 "max_steps": 1,
                 "eval_fraction": 0.0,
                 "max_length": 1024,
