@@ -11,7 +11,7 @@ each finished task): rerun the same command after an interruption and it continu
 
     # Qwen2.5-Coder-0.5B (see ../shared/models/README.md), DebugBench: hours on 2 CPU cores
     nohup python bench/learning_curve.py > curve.log 2>&1 &
-    # the tiny version the test suite runs (SmolLM2, builtin tasks): about a minute
+    # the tiny version the test suite runs (SmolLM2, builtin tasks): about 3 minutes (2 cores)
     python bench/learning_curve.py --tiny --out /tmp/curve-tiny --results /tmp/curve-tiny/results
 
 Results (small JSON files, committed as each part finishes): `<results>/<policy>-test.json`
