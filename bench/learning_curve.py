@@ -172,6 +172,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "exit; run beside the curve with its own options, so a fresh machine goes on from there",
     )
     parser.add_argument(
+        "--restore-only",
+        action="store_true",
+        help="put the rounds committed under <results>/rounds/ into the store, rebuild each "
+        "one's tasks with prepare (checked against the split files' sha256 in git), and exit: "
+        "what a bench that reads a round's tasks (bench/verifier_auc.py, bench/search_modes.py) "
+        "needs on a fresh machine, without starting the next round",
+    )
+    parser.add_argument(
         "--write-eval-config",
         type=Path,
         metavar="FILE",
@@ -819,6 +827,34 @@ def persist_finished_rounds(args: argparse.Namespace) -> None:
             curve.persist_round(number)
 
 
+def restore_committed_rounds(args: argparse.Namespace) -> None:
+    """The committed rounds into the store, each with its tasks prepared again (the data set is
+    never in git), as the curve's own loop prepares them; no round goes further."""
+    from codeq.errors import MissingInputError
+
+    numbers = curve_rounds.committed_rounds(args.results)
+    if not numbers:
+        raise MissingInputError(
+            f"no round committed under {args.results / 'rounds'}",
+            hint="--restore-only restores what a curve persisted; run the curve itself to begin one",
+        )
+    curve = Curve(args)
+    curve.restore_rounds()
+    curve.stage(0, "prepare")
+    recorded = read_json_or(args.results / "learning-rate.json", None)
+    if recorded is not None:
+        curve.run = str(recorded["chosen_run"])
+        curve.copy_round_inputs(curve.run)
+    for number in numbers:
+        if number > 0:
+            curve.stage(number, "prepare")
+    print(
+        f"[curve] rounds {', '.join(map(str, numbers))} restored with their tasks into "
+        f"{args.out / 'store'} (run {curve.run})",
+        flush=True,
+    )
+
+
 def persist_partial_round(args: argparse.Namespace) -> None:
     """The first round of the chosen run without a promotion decision, as far as the store
     holds it, into <results>/rounds/round-N-partial/ (a curve can run meanwhile: it reads)."""
@@ -1087,6 +1123,9 @@ def main() -> None:
             return
         if args.persist_partial:
             persist_partial_round(args)
+            return
+        if args.restore_only:
+            restore_committed_rounds(args)
             return
         run(args)
     except CodeQError as exc:  # one error: line and a hint, as the CLI prints them

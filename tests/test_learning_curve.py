@@ -4,6 +4,7 @@ resumes and redoes nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import lzma
 import shutil
@@ -301,6 +302,23 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     assert not [stage for stage in again if "round 0" in stage or "collect" in stage], lines
     assert any("round 1 train" in stage for stage in computed), lines
     assert (results / "rounds" / "round-1" / "round.json").is_file() and not partial.exists()
+
+    # --restore-only: the committed rounds and their tasks, prepared again, and nothing else
+    restored = run_curve(tmp_path / "restored", results=results, extra=(*options, "--restore-only"))
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    computed = [line for line in started(restored) if "starting" in line]
+    assert computed and all(line.split(":")[0].endswith("prepare") for line in computed), computed
+    round_1 = json.loads((results / "rounds" / "round-1" / "round.json").read_text())
+    chosen = json.loads((results / "learning-rate.json").read_text())["chosen_run"]
+    tasks = tmp_path / "restored" / "store" / "runs" / chosen / "round-1" / "tasks"
+    assert (
+        round_1["tasks_sha256"]
+        and {
+            name: hashlib.sha256((tasks / name).read_bytes()).hexdigest()
+            for name in round_1["tasks_sha256"]
+        }
+        == round_1["tasks_sha256"]
+    )
 
     # a committed file that fails its sha256 is refused, naming it; nothing is recomputed
     adapter = next(k for k in keys if k.endswith("adapter_model.safetensors"))
