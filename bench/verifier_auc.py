@@ -16,6 +16,12 @@ critique). Reads a store, never writes it; writes one JSON file with the command
 Resumable: every --checkpoint-every-s seconds training keeps a checkpoint under
 <work>/progress; the same command run again (after a kill, or on another machine with <work>
 copied) continues from the last one. One made with other arguments is refused.
+
+Across machines through git: --keep DIR receives the trained verifier (adapter, score head,
+tokenizer, with each file's sha256 and the arguments that trained it) as soon as training
+ends, and its scores as they are computed, 64 programs at a time; the same command on a fresh
+machine restores both and goes on scoring where it stopped, training nothing again. A kept
+verifier trained with other arguments, or a kept file that fails its sha256, is refused.
 """
 
 from __future__ import annotations
@@ -93,6 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "e.g. bench/search_modes.py's best-of-16): every distinct rewrite is run on all its "
         "tests, and the verifier and the self-critique rank the rewrites of each task that has "
         "both a passing and a failing one (the choice pairs and tie-breaks make)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="for git: the trained verifier and the scores computed so far are written here "
+        "and restored from here (a fresh machine goes on without training again)",
     )
     parser.add_argument("--json", type=Path, required=True)
     return parser.parse_args(argv)
@@ -323,8 +336,11 @@ def collect_verdicts(trajectories: list[Trajectory]) -> dict[tuple[str, str], An
 
 
 # arguments that change nothing the run computes: a checkpoint made under others is resumed
-NOT_FINGERPRINTED = {"threads", "work", "json", "checkpoint_every_s", "search_trees"}
+NOT_FINGERPRINTED = {"threads", "work", "json", "checkpoint_every_s", "search_trees", "keep"}
 TRAINED_BY = "BENCH_ARGS.json"  # in <work>/verifier: the arguments that trained it
+KEPT_FILE = "KEPT.json"  # in --keep: each kept file's sha256, and the arguments that trained it
+KEPT_SCORES = "scores.jsonl.xz"  # in --keep: the verifier's scores computed so far
+SCORES_AT_ONCE = 64  # programs scored between two saves of the kept scores
 
 
 def fingerprint_of(args: argparse.Namespace) -> dict[str, str]:
@@ -342,6 +358,132 @@ def trained_earlier(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     print(f"reusing the verifier this command trained in {args.work / 'verifier'}", flush=True)
     return json.loads(metrics.read_text())
+
+
+def changed_arguments(recorded: dict[str, str], now: dict[str, str]) -> str:
+    return ", ".join(
+        sorted(key for key in set(recorded) | set(now) if recorded.get(key) != now.get(key))
+    )
+
+
+def keep_trained(args: argparse.Namespace) -> None:
+    """The verifier trained in --work (its folder and metrics.json) into --keep for git, xz
+    where it pays, each file listed in KEPT.json with its sha256 and size."""
+    import hashlib
+
+    import curve_rounds
+
+    sources = sorted(p for p in (args.work / "verifier").rglob("*") if p.is_file())
+    listed = {}
+    for path in [*sources, args.work / "metrics.json"]:
+        name = path.relative_to(args.work).as_posix()
+        data = path.read_bytes()
+        packed = curve_rounds.pack(data)
+        file = name + (".xz" if packed is not data else "")
+        (args.keep / file).parent.mkdir(parents=True, exist_ok=True)
+        (args.keep / file).write_bytes(packed)
+        listed[name] = {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+            "file": file,
+        }
+    record = {"fingerprint": fingerprint_of(args), "files": listed}
+    (args.keep / KEPT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    size = sum((args.keep / entry["file"]).stat().st_size for entry in listed.values())
+    print(f"kept the trained verifier in {args.keep} ({size / 1e6:.1f} MB)", flush=True)
+
+
+def restore_kept(args: argparse.Namespace) -> None:
+    """The verifier --keep holds into --work, unless --work holds it already; refused (one
+    error: line naming the file) when it was trained with other arguments or a file fails its
+    sha256, never trained again over it."""
+    import hashlib
+    import lzma
+
+    record_path = args.keep / KEPT_FILE
+    if not record_path.is_file():
+        return
+    record = json.loads(record_path.read_text())
+    if record["fingerprint"] != fingerprint_of(args):
+        raise SystemExit(
+            f"error: {record_path} was trained with other arguments "
+            f"({changed_arguments(record['fingerprint'], fingerprint_of(args))}); use another "
+            "--keep, or the arguments it records"
+        )
+    trained_by = args.work / "verifier" / TRAINED_BY
+    if trained_by.is_file() and json.loads(trained_by.read_text()) == fingerprint_of(args):
+        return
+    contents = {}
+    for name, entry in record["files"].items():
+        path = args.keep / entry["file"]
+        data = path.read_bytes() if path.is_file() else b""
+        if path.name.endswith(".xz") and data:
+            try:
+                data = lzma.decompress(data)
+            except lzma.LZMAError:  # a damaged file: its sha256 fails below
+                data = b""
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise SystemExit(
+                f"error: {path} fails its sha256 (recorded in {record_path}); restore it from "
+                "git (git checkout -- it)"
+            )
+        contents[name] = data
+    for name, data in contents.items():
+        (args.work / name).parent.mkdir(parents=True, exist_ok=True)
+        (args.work / name).write_bytes(data)
+    print(f"restored the verifier kept in {args.keep} into {args.work}", flush=True)
+
+
+class KeptScores:
+    """A verifier's `score` (and `id`: it stands in for the verifier wherever one is used),
+    each (task, program) scored once, the scores written to `path` (xz JSON Lines, keyed by
+    the sha256 of task id and program) every SCORES_AT_ONCE programs, so that scoring stopped
+    on one machine goes on from them on another."""
+
+    def __init__(self, verifier: Any, path: Path | None) -> None:
+        import lzma
+
+        self.verifier, self.path = verifier, path
+        self.scores: dict[str, float] = {}
+        if path is not None and path.is_file():
+            for line in lzma.decompress(path.read_bytes()).decode().splitlines():
+                row = json.loads(line)
+                self.scores[row["key"]] = row["score"]
+            print(f"{len(self.scores)} scores restored from {path}", flush=True)
+
+    @property
+    def id(self) -> str:
+        return self.verifier.id
+
+    @staticmethod
+    def key(task: Task, program: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(f"{task.task_id}\0{program}".encode()).hexdigest()
+
+    def score(self, items: list[tuple[Task, str]]) -> list[float]:
+        keys = [self.key(task, program) for task, program in items]
+        missing = list(
+            {k: item for k, item in zip(keys, items, strict=True) if k not in self.scores}.items()
+        )
+        for start in range(0, len(missing), SCORES_AT_ONCE):
+            chunk = missing[start : start + SCORES_AT_ONCE]
+            scores = self.verifier.score([item for _, item in chunk])
+            self.scores.update(zip((k for k, _ in chunk), scores, strict=True))
+            self.save()
+        return [self.scores[k] for k in keys]
+
+    def save(self) -> None:
+        import lzma
+
+        if self.path is None:
+            return
+        lines = "".join(
+            json.dumps({"key": k, "score": v}) + "\n" for k, v in sorted(self.scores.items())
+        )
+        written = self.path.with_name(self.path.name + ".tmp")
+        written.write_bytes(lzma.compress(lines.encode(), preset=9))
+        written.replace(self.path)
 
 
 def checkpoint_target(args: argparse.Namespace) -> Any:
@@ -420,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     written = written_programs(trajectories, train_tasks, config.verifier.max_programs_per_task)
     programs = sample(written, args.max_train_programs, args.seed)
     base = base_lineage(config.policy)
+    if args.keep is not None:
+        restore_kept(args)
     trained = trained_earlier(args)
     reused = trained is not None
     if trained is None:
@@ -435,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         shutil.rmtree(args.work / "progress", ignore_errors=True)  # trained: checkpoints spent
         (args.work / "verifier" / TRAINED_BY).write_text(json.dumps(fingerprint_of(args)))
+        if args.keep is not None:
+            keep_trained(args)
     train_seconds = time.perf_counter() - started
 
     _, held_out = hold_out_tasks(programs, args.eval_fraction, args.seed)
@@ -446,7 +592,10 @@ def main(argv: list[str] | None = None) -> int:
     with Sandbox(config.sandbox) as sandbox:
         verdicts = score_programs(items, "all", sandbox)
     labels = [verdict.passed for verdict in verdicts]
-    verifier = Verifier.load(args.work / "verifier", config, base)
+    verifier = KeptScores(
+        Verifier.load(args.work / "verifier", config, base),
+        args.keep / KEPT_SCORES if args.keep is not None else None,
+    )
     scored = time.perf_counter()
     scores = verifier.score(items)
     search = None

@@ -348,7 +348,8 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     argv += ["--model", str(tiny_model_dir), "--max-length", "192", "--epochs", "12"]
     argv += ["--learning-rate", "5e-3", "--lora-r", "8", "--eval-fraction", "0.25"]
     argv += ["--work", str(tmp_path / "work"), "--json", str(out)]
-    assert bench.main(argv) == 0
+    keep = ["--keep", str(tmp_path / "kept")]
+    assert bench.main(argv + keep) == 0
     result = json.loads(out.read_text())
     assert result["command"].startswith("python bench/verifier_auc.py --store ")
     assert result["train_programs"]["used"] == 12 * len(TRAIN)
@@ -408,6 +409,22 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
         "evaluate.tie_break": "verifier",
         "pairs.q_ai": "verifier",
     }
+
+    # a fresh machine: the verifier and its scores kept for git go on there, trained once
+    fresh = [*argv[:-4], "--work", str(tmp_path / "fresh"), "--json", str(tmp_path / "fresh.json")]
+    assert bench.main(fresh + keep) == 0
+    restored = json.loads((tmp_path / "fresh.json").read_text())
+    assert restored["reused_trained_verifier"] and restored["validation"] == validation
+    assert restored["heldout"] == result["heldout"]
+    kept = json.loads((tmp_path / "kept" / "KEPT.json").read_text())
+    assert "verifier/adapter_model.safetensors" in kept["files"]
+    # other arguments, or a kept file that fails its sha256: refused, nothing trained over it
+    with pytest.raises(SystemExit, match="trained with other arguments \\(learning_rate\\)"):
+        bench.main([*fresh, "--learning-rate", "1e-3", *keep])
+    weights = tmp_path / "kept" / kept["files"]["verifier/adapter_model.safetensors"]["file"]
+    weights.write_bytes(weights.read_bytes()[:-1])
+    with pytest.raises(SystemExit, match="adapter_model.safetensors.* fails its sha256"):
+        bench.main([*argv[:-4], "--work", str(tmp_path / "third"), "--json", str(out), *keep])
 
 
 def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(
