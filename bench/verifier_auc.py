@@ -347,14 +347,17 @@ def fingerprint_of(args: argparse.Namespace) -> dict[str, str]:
     return {k: str(v) for k, v in vars(args).items() if k not in NOT_FINGERPRINTED}
 
 
+def trained_here(args: argparse.Namespace) -> bool:
+    """Whether --work holds a verifier these arguments trained."""
+    record = args.work / "verifier" / TRAINED_BY
+    return record.is_file() and json.loads(record.read_text()) == fingerprint_of(args)
+
+
 def trained_earlier(args: argparse.Namespace) -> dict[str, Any] | None:
     """The training summary of a verifier this command already trained in --work (the same
     arguments), so that scoring again does not train again; None when there is none."""
-    record = args.work / "verifier" / TRAINED_BY
     metrics = args.work / "metrics.json"
-    if not record.is_file() or not metrics.is_file():
-        return None
-    if json.loads(record.read_text()) != fingerprint_of(args):
+    if not trained_here(args) or not metrics.is_file():
         return None
     print(f"reusing the verifier this command trained in {args.work / 'verifier'}", flush=True)
     return json.loads(metrics.read_text())
@@ -410,8 +413,7 @@ def restore_kept(args: argparse.Namespace) -> None:
             f"({changed_arguments(record['fingerprint'], fingerprint_of(args))}); use another "
             "--keep, or the arguments it records"
         )
-    trained_by = args.work / "verifier" / TRAINED_BY
-    if trained_by.is_file() and json.loads(trained_by.read_text()) == fingerprint_of(args):
+    if trained_here(args):
         return
     contents = {}
     for name, entry in record["files"].items():
@@ -506,14 +508,10 @@ def resume_point(target: Any, args: argparse.Namespace) -> Path | None:
     if record is None:
         return None
     if record["fingerprint"] != target.fingerprint:
-        changed = sorted(
-            key
-            for key in set(record["fingerprint"]) | set(target.fingerprint)
-            if record["fingerprint"].get(key) != target.fingerprint.get(key)
-        )
+        changed = changed_arguments(record["fingerprint"], target.fingerprint)
         raise SystemExit(
             f"error: {args.work / 'progress'} holds a checkpoint made with other arguments "
-            f"({', '.join(changed)}); use another --work, or delete it to start again"
+            f"({changed}); use another --work, or delete it to start again"
         )
     into = args.work / "resume"
     shutil.rmtree(into, ignore_errors=True)
