@@ -267,13 +267,17 @@ def read_committed(
     return entry
 
 
-def committed_content(folder: Path, key: str, recorded: dict[str, Any]) -> bytes:
-    """A committed object's content, checked against its sha256 (one line naming the file)."""
+def committed_content(
+    folder: Path, key: str, recorded: dict[str, Any], record: Path | None = None
+) -> bytes:
+    """A committed object's content, checked against its sha256 (one line naming the file and
+    the record that lists it: `record`, by default the round's round.json in `folder`)."""
     from codeq.errors import CorruptInputError
 
+    record = record or folder / ROUND_FILE
     path = folder / recorded["file"]
     if not path.is_file():
-        raise CorruptInputError(f"{path} is missing (listed for {key} in {folder / ROUND_FILE})")
+        raise CorruptInputError(f"{path} is missing (listed for {key} in {record})")
     data = path.read_bytes()
     if path.name.endswith(".xz"):
         try:
@@ -282,7 +286,7 @@ def committed_content(folder: Path, key: str, recorded: dict[str, Any]) -> bytes
             raise CorruptInputError(f"{path} is not a readable xz file ({exc})") from exc
     if hashlib.sha256(data).hexdigest() != recorded["sha256"]:
         raise CorruptInputError(
-            f"{path} fails its sha256 (recorded in {folder / ROUND_FILE} for {key})",
+            f"{path} fails its sha256 (recorded in {record} for {key})",
             hint="restore the file from git (git checkout -- it); a round is never recomputed "
             "over committed files",
         )

@@ -400,8 +400,9 @@ def restore_kept(args: argparse.Namespace) -> None:
     """The verifier --keep holds into --work, unless --work holds it already; refused (one
     error: line naming the file) when it was trained with other arguments or a file fails its
     sha256, never trained again over it."""
-    import hashlib
-    import lzma
+    import curve_rounds
+
+    from codeq.errors import CorruptInputError
 
     record_path = args.keep / KEPT_FILE
     if not record_path.is_file():
@@ -415,21 +416,13 @@ def restore_kept(args: argparse.Namespace) -> None:
         )
     if trained_here(args):
         return
-    contents = {}
-    for name, entry in record["files"].items():
-        path = args.keep / entry["file"]
-        data = path.read_bytes() if path.is_file() else b""
-        if path.name.endswith(".xz") and data:
-            try:
-                data = lzma.decompress(data)
-            except lzma.LZMAError:  # a damaged file: its sha256 fails below
-                data = b""
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise SystemExit(
-                f"error: {path} fails its sha256 (recorded in {record_path}); restore it from "
-                "git (git checkout -- it)"
-            )
-        contents[name] = data
+    try:
+        contents = {
+            name: curve_rounds.committed_content(args.keep, name, entry, record=record_path)
+            for name, entry in record["files"].items()
+        }
+    except CorruptInputError as exc:
+        raise SystemExit(f"error: {exc}; restore it from git (git checkout -- it)") from exc
     for name, data in contents.items():
         (args.work / name).parent.mkdir(parents=True, exist_ok=True)
         (args.work / name).write_bytes(data)

@@ -7,6 +7,7 @@ lineages, unless verifier.fallback lets the self-critique stand in."""
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -422,9 +423,15 @@ def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_pat
     with pytest.raises(SystemExit, match="trained with other arguments \\(learning_rate\\)"):
         bench.main([*fresh, "--learning-rate", "1e-3", *keep])
     weights = tmp_path / "kept" / kept["files"]["verifier/adapter_model.safetensors"]["file"]
-    weights.write_bytes(weights.read_bytes()[:-1])
+    third = [*argv[:-4], "--work", str(tmp_path / "third"), "--json", str(out), *keep]
+    packed = weights.read_bytes()
+    weights.write_bytes(packed[:-1])
+    with pytest.raises(SystemExit, match="adapter_model.safetensors.xz is not a readable xz"):
+        bench.main(third)
+    weights.write_bytes(lzma.compress(lzma.decompress(packed) + b"\0"))
     with pytest.raises(SystemExit, match="adapter_model.safetensors.* fails its sha256"):
-        bench.main([*argv[:-4], "--work", str(tmp_path / "third"), "--json", str(out), *keep])
+        bench.main(third)
+    assert not (tmp_path / "third" / "verifier").exists()
 
 
 def test_a_stopped_verifier_stage_resumes_from_its_checkpoint_in_the_store(
