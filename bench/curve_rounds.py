@@ -267,6 +267,12 @@ def read_committed(
     return entry
 
 
+# the hint of every refused committed file, a curve round's or a kept verifier's
+RESTORE = (
+    "restore the file from git (git checkout -- it); nothing committed is recomputed or overwritten"
+)
+
+
 def committed_content(
     folder: Path, key: str, recorded: dict[str, Any], record: Path | None = None
 ) -> bytes:
@@ -277,18 +283,18 @@ def committed_content(
     record = record or folder / ROUND_FILE
     path = folder / recorded["file"]
     if not path.is_file():
-        raise CorruptInputError(f"{path} is missing (listed for {key} in {record})")
+        raise CorruptInputError(f"{path} is missing (listed for {key} in {record})", hint=RESTORE)
     data = path.read_bytes()
     if path.name.endswith(".xz"):
         try:
             data = lzma.decompress(data)
         except lzma.LZMAError as exc:
-            raise CorruptInputError(f"{path} is not a readable xz file ({exc})") from exc
+            raise CorruptInputError(
+                f"{path} is not a readable xz file ({exc})", hint=RESTORE
+            ) from exc
     if hashlib.sha256(data).hexdigest() != recorded["sha256"]:
         raise CorruptInputError(
-            f"{path} fails its sha256 (recorded in {record} for {key})",
-            hint="restore the file from git (git checkout -- it); a round is never recomputed "
-            "over committed files",
+            f"{path} fails its sha256 (recorded in {record} for {key})", hint=RESTORE
         )
     return data
 

@@ -422,7 +422,7 @@ def restore_kept(args: argparse.Namespace) -> None:
             for name, entry in record["files"].items()
         }
     except CorruptInputError as exc:
-        raise SystemExit(f"error: {exc}; restore it from git (git checkout -- it)") from exc
+        raise SystemExit(f"error: {exc}; {exc.hint}") from exc
     for name, data in contents.items():
         (args.work / name).parent.mkdir(parents=True, exist_ok=True)
         (args.work / name).write_bytes(data)
