@@ -381,7 +381,14 @@ class Curve:
         if stage == "prepare":  # a round committed to git must continue on the same tasks
             manifest = ctx.layout.stage("tasks/MANIFEST.json")
             self.keep_held_out_tasks(ctx, round_number)
-            note = curve_rounds.check_tasks(self.store, self.results, round_number, manifest)
+            note = curve_rounds.check_tasks_preparing_again(
+                self.store,
+                self.results,
+                round_number,
+                manifest,
+                lambda: self.prepare_again(ctx),
+                lambda line: print(f"[curve] {line}", file=sys.stderr, flush=True),
+            )
             if note:  # the tasks differ: this machine's manifest stays, true to its files
                 print(f"[curve] {note}", file=sys.stderr, flush=True)
             elif curve_rounds.adopt_prepare_report(
@@ -394,17 +401,17 @@ class Curve:
                     flush=True,
                 )
 
-    def keep_held_out_tasks(self, ctx: Any, round_number: int) -> None:
-        """A round's validation and test tasks must be the curve's first round's."""
+    def prepare_again(self, ctx: Any) -> None:
         from codeq.pipeline.stages import STAGE_FUNCTIONS
 
-        def prepare_again() -> None:
-            self.store.delete_prefix(ctx.layout.stage("tasks/"))
-            STAGE_FUNCTIONS["prepare"](ctx)
+        self.store.delete_prefix(ctx.layout.stage("tasks/"))
+        STAGE_FUNCTIONS["prepare"](ctx)
 
+    def keep_held_out_tasks(self, ctx: Any, round_number: int) -> None:
+        """A round's validation and test tasks must be the curve's first round's."""
         tasks = (self.ctx(0).layout.stage("tasks"), ctx.layout.stage("tasks"))
         for note in curve_rounds.prepare_held_out_alike(
-            self.store, self.results, round_number, tasks, prepare_again
+            self.store, self.results, round_number, tasks, lambda: self.prepare_again(ctx)
         ):
             print(f"[curve] {note}", file=sys.stderr, flush=True)
 

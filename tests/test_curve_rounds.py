@@ -317,6 +317,36 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
         curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
 
 
+def test_a_committed_round_whose_tasks_came_out_other_is_prepared_again_then_refused(tmp_path):
+    """A loaded machine's prepare built other files than a round under way recorded (a CI run:
+    round 1's validation file for a fresh store): prepared again, said so, and accepted once it
+    builds the recorded ones; a round whose prepare never does is refused after three tries."""
+    store, _ = store_with_a_round_under_way(tmp_path / "store")
+    results = tmp_path / "results"
+    manifest = "runs/curve/round-1/tasks/MANIFEST.json"
+    curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
+    builds = iter(["cc", "aa"])  # what preparing again builds, in turn
+    fresh.put_bytes(manifest, manifest_of(train="bb", report="r9"))
+
+    def prepare_again() -> None:
+        fresh.put_bytes(manifest, manifest_of(train=next(builds), report="r9"))
+
+    said: list[str] = []
+    note = curve_rounds.check_tasks_preparing_again(
+        fresh, results, 1, manifest, prepare_again, said.append
+    )
+    assert note is None and next(builds, None) is None  # the third build was the recorded one
+    assert len(said) == 2 and "train.jsonl (sha256 bbbb" in said[0]
+    assert said[1].endswith("preparing again (attempt 3 of 3)")
+
+    builds = iter(["cc", "dd"])
+    fresh.put_bytes(manifest, manifest_of(train="bb", report="r9"))
+    with pytest.raises(CorruptInputError, match=r"train\.jsonl \(sha256 dddd"):
+        curve_rounds.check_tasks_preparing_again(fresh, results, 1, manifest, prepare_again, print)
+
+
 def test_a_new_rounds_held_out_tasks_are_prepared_again_until_they_are_round_0s(tmp_path):
     """A loaded machine's prepare can drop a task from test (its bug caught only by a hidden test
     the oracle answered too late), and the split's shuffle then reorders the rest: a new round
