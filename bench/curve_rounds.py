@@ -105,6 +105,28 @@ def kept_partial(key: str) -> bool:
 PREPARE_RECORD = ("tasks/MANIFEST.json", "tasks/report.json")  # no split file: those are data
 
 
+def ignored_by_git(paths: list[Path]) -> list[Path]:
+    """Those of `paths` (written or about to be) that the repository's .gitignore leaves out,
+    so a commit would silently lack them (`*.safetensors` did to the kept verifier). Empty
+    outside a git checkout."""
+    import subprocess
+
+    if not paths:
+        return []
+    folder = paths[0].parent
+    while not folder.exists():
+        folder = folder.parent
+    answer = subprocess.run(
+        ["git", "-C", str(folder), "check-ignore", "--", *map(str, paths)],
+        capture_output=True,
+        text=True,
+    )
+    if answer.returncode not in (0, 1):  # 128: not a checkout, or git missing
+        return []
+    ignored = set(answer.stdout.splitlines())
+    return [path for path in paths if str(path) in ignored]
+
+
 def pack(data: bytes) -> bytes:
     """`data` compressed with xz where that saves a tenth or more (JSON Lines, tokenizer.json,
     reports); `data` itself otherwise (an adapter's float32 weights save about 9%)."""

@@ -392,8 +392,25 @@ def keep_trained(args: argparse.Namespace) -> None:
         }
     record = {"fingerprint": fingerprint_of(args), "files": listed}
     (args.keep / KEPT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    refuse_ignored_keep([args.keep / entry["file"] for entry in listed.values()])
     size = sum((args.keep / entry["file"]).stat().st_size for entry in listed.values())
     print(f"kept the trained verifier in {args.keep} ({size / 1e6:.1f} MB)", flush=True)
+
+
+KEPT_EXAMPLES = (KEPT_FILE, KEPT_SCORES, "metrics.json.xz", "verifier/adapter_model.safetensors")
+
+
+def refuse_ignored_keep(paths: list[Path]) -> None:
+    """--keep is for git: a file there that .gitignore leaves out is refused with one line."""
+    import curve_rounds
+
+    ignored = curve_rounds.ignored_by_git(paths)
+    if ignored:
+        raise SystemExit(
+            f"error: git ignores {ignored[0]}, so the kept verifier would not reach a commit; "
+            "add an exception for it to .gitignore (as for docs/results/verifier/*/verifier/), "
+            "or use another --keep"
+        )
 
 
 def restore_kept(args: argparse.Namespace) -> None:
@@ -554,9 +571,12 @@ def main(argv: list[str] | None = None) -> int:
     programs = sample(written, args.max_train_programs, args.seed)
     base = base_lineage(config.policy)
     if args.keep is not None:
+        refuse_ignored_keep([args.keep / name for name in KEPT_EXAMPLES])
         restore_kept(args)
     trained = trained_earlier(args)
     reused = trained is not None
+    if reused and args.keep is not None and not (args.keep / KEPT_FILE).is_file():
+        keep_trained(args)  # trained before --keep was asked, or kept where git refused it
     if trained is None:
         target = checkpoint_target(args)
         trained = train_verifier(

@@ -388,3 +388,14 @@ def test_a_new_rounds_held_out_tasks_are_prepared_again_until_they_are_round_0s(
     (curve_rounds.partial_folder(results, 1)).mkdir(parents=True)
     (curve_rounds.partial_folder(results, 1) / curve_rounds.PARTIAL_FILE).write_text("{}")
     assert not list(curve_rounds.prepare_held_out_alike(store, results, 1, (first, tasks), never))
+
+
+def test_files_gitignore_leaves_out_are_named_before_a_commit_silently_lacks_them(tmp_path):
+    """`*.safetensors` once kept the trained verifier out of a commit without a word."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: nothing is ignored")
+    kept = REPO / "docs" / "results" / "verifier" / "some-run"
+    adapter = kept / "verifier" / "adapter_model.safetensors"  # .gitignore makes an exception
+    stray = kept / "adapter_model.safetensors"
+    assert curve_rounds.ignored_by_git([kept / "KEPT.json", adapter, stray]) == [stray]
+    assert curve_rounds.ignored_by_git([tmp_path / "a.safetensors"]) == []  # outside the checkout

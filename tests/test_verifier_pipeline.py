@@ -476,3 +476,14 @@ def test_the_bench_resumes_a_stopped_run_and_refuses_another_runs_checkpoint(
     result = json.loads((tmp_path / "auc.json").read_text())
     assert result["resumed_from_step"] == 2 and result["global_steps"] > 2
     assert not (tmp_path / "work" / "progress").exists()  # spent once the verifier is trained
+
+
+def test_a_keep_folder_git_would_leave_out_is_refused_before_training(tmp_path):
+    bench = load_bench("verifier_auc")
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / ".git").exists():
+        pytest.skip("not a git checkout: nothing is ignored")
+    ignored = repo / "codeq-store" / "kept"  # .gitignore: local runs
+    with pytest.raises(SystemExit, match=r"error: git ignores .*codeq-store/kept/KEPT\.json"):
+        bench.refuse_ignored_keep([ignored / name for name in bench.KEPT_EXAMPLES])
+    bench.refuse_ignored_keep([repo / "docs" / "results" / "verifier" / "x" / "KEPT.json"])
