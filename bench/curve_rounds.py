@@ -113,6 +113,10 @@ def ignored_by_git(paths: list[Path]) -> list[Path]:
 
     if not paths:
         return []
+    given_paths, paths = (
+        paths,
+        [path.absolute() for path in paths],
+    )  # git -C reads relative paths from its folder
     folder = paths[0].parent
     while not folder.exists():
         folder = folder.parent
@@ -124,7 +128,7 @@ def ignored_by_git(paths: list[Path]) -> list[Path]:
     if answer.returncode not in (0, 1):  # 128: not a checkout, or git missing
         return []
     ignored = set(answer.stdout.splitlines())
-    return [path for path in paths if str(path) in ignored]
+    return [given for given, path in zip(given_paths, paths, strict=True) if str(path) in ignored]
 
 
 def pack(data: bytes) -> bytes:

@@ -399,3 +399,12 @@ def test_files_gitignore_leaves_out_are_named_before_a_commit_silently_lacks_the
     stray = kept / "adapter_model.safetensors"
     assert curve_rounds.ignored_by_git([kept / "KEPT.json", adapter, stray]) == [stray]
     assert curve_rounds.ignored_by_git([tmp_path / "a.safetensors"]) == []  # outside the checkout
+
+
+def test_relative_paths_are_read_from_the_working_folder(monkeypatch):
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: nothing is ignored")
+    monkeypatch.chdir(REPO)
+    adapter = Path("docs/results/verifier/some-run/verifier/adapter_model.safetensors")
+    stray = Path("docs/results/verifier/some-run/adapter_model.safetensors")
+    assert curve_rounds.ignored_by_git([adapter, stray]) == [stray]
