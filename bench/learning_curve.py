@@ -341,6 +341,8 @@ class Curve:
         if not self.run_weight:
             return "no ETA yet"
         left = self.run_seconds / self.run_weight * (self.total_weight - self.finished_weight)
+        if left <= 0:  # parts past the planned ones (a restore's prepares)
+            return "no ETA: past the planned parts"
         return f"about {left / 3600:.1f} h left"
 
     total_weight = 0.0
