@@ -1162,6 +1162,9 @@ def dotted(spec: str) -> int:
 
 def decision_ids(path: str) -> tuple[list[str], list[str], int]:
     data = read(path)
+    if data.get("search_validation"):  # bench/verifier_auc.py: the answers its tie-break chose
+        answers = next(iter(data["search_validation"]["answers"].values()))
+        return answers["gained"], answers["lost"], answers["tasks"]
     comparison = (data.get("comparisons") or data.get("validation"))[0]
     return comparison["gained"], comparison["lost"], comparison["tasks"]
 
@@ -1355,8 +1358,59 @@ def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
     return found
 
 
+VERIFIER = "verifier/"
+
+
+def verifier_entries() -> list[Entry]:
+    """One entry per bench/verifier_auc.py run that chose a search's validation answers again
+    with the learned verifier breaking the ties at the top of the visible tests, against the
+    self-critique's choice: the declared rule (its `decision`) decided whether the verifier
+    replaces the critique."""
+    from curve_figure import p_text
+
+    found = []
+    for path in sorted((RESULTS / VERIFIER).glob("*.json")):
+        run = read(path.relative_to(RESULTS).as_posix())
+        if not run.get("search_validation"):
+            continue
+        name = path.relative_to(RESULTS).as_posix()
+        gained, lost, tasks = decision_ids(name)
+        better = len(gained) >= len(lost)
+        settings = ", ".join(f"`{k}` {v}" for k, v in run["decision"]["settings"].items())
+        found.append(
+            e(
+                f"V{tasks}-verifier-{path.stem}",
+                "validation",
+                tasks,
+                run["date"],
+                "best-of-16's answers chosen again: the learned verifier breaking ties vs the "
+                "self-critique",
+                (len(gained), len(lost)),
+                p=p_text(one_sided_mcnemar(len(gained), len(lost)))
+                if better
+                else "worse " + p_text(one_sided_mcnemar(len(lost), len(gained))),
+                role="decided",
+                outcome=(
+                    "verifier replaces the critique: "
+                    if run["decision"]["replaces_critique"]
+                    else "critique stays: "
+                )
+                + settings,
+                where="results/verifier/README.md",
+                decision=(name,),
+            )
+        )
+    return found
+
+
 def ledger() -> list[Entry]:
-    return LEDGER + defaults_rounds() + defaults_test_measurement() + search_modes_entries()
+    return (
+        LEDGER
+        + defaults_rounds()
+        + defaults_test_measurement()
+        + search_modes_entries()
+        + verifier_entries()
+    )
 
 
 # ------------------------------------------------------------------ checks
@@ -1459,6 +1513,7 @@ def result_files() -> list[str]:
             continue
         per_task = "task_ids" in data and "modes" in data
         decision = "comparisons" in data or ("validation" in data and "promoted" in data)
+        decision = decision or bool(data.get("search_validation"))
         if per_task or decision or "runs" in data and "table" in data:
             found.append(path.relative_to(RESULTS).as_posix())
     return found

@@ -617,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     held_out_verdicts = [written_verdicts[(p.task.task_id, p.program.strip())] for p in held_out]
     held_out_scores = verifier.score([(p.task, p.program) for p in held_out])
     result = {
+        "date": time.strftime("%Y-%m-%d"),
         "command": "python bench/verifier_auc.py "
         + shlex.join(sys.argv[1:] if argv is None else argv),
         "args": {key: str(value) for key, value in vars(args).items()},
