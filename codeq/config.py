@@ -196,6 +196,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "verifier.gradient_accumulation_steps": 1,
     "verifier.max_length": 1024,
     "verifier.max_programs_per_task": 16,
+    "verifier.earlier_rounds": 0,
     "verifier.eval_fraction": 0.2,
     "verifier.seed": 42,
     "verifier.objective": "pointwise",
@@ -539,6 +540,14 @@ class VerifierConfig(Section):
     )
     max_programs_per_task: int = Field(
         16, ge=1, description="Distinct programs learned from per task (the first written)."
+    )
+    earlier_rounds: int = Field(
+        0,
+        ge=0,
+        description="Earlier rounds of the run whose collected programs it learns from too: "
+        "this round's and up to this many before it (those whose collect finished), each "
+        "labelled by its own train tasks' tests. One round's collect gives a pairwise verifier "
+        "about 90 (passing, failing) pairs; the decision run learned from 7 rounds (654 pairs).",
     )
     objective: Literal["pointwise", "pairwise"] = Field(
         "pointwise",

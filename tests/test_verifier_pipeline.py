@@ -22,7 +22,12 @@ from test_verifier import EXPRESSIONS, make_task, variant
 from codeq.config import StoreConfig, load_config
 from codeq.errors import EXIT_BAD_INPUT, VerifierLineageError, VerifierMissingError
 from codeq.pipeline.stages import STAGES, StageContext, pairs_stage, round_stages, verifier_stage
-from codeq.pipeline.verifier import evaluation_tie_break, record_evaluation, required_verifier
+from codeq.pipeline.verifier import (
+    evaluation_tie_break,
+    pairs_q_ai,
+    record_evaluation,
+    required_verifier,
+)
 from codeq.policy import GenerationRequest, GenerationResult
 from codeq.schemas import (
     ChatMessage,
@@ -119,10 +124,10 @@ def collected_store(root: Path, model_dir: Path):
     return store
 
 
-def context(store, scratch: Path, model_dir: Path, force: bool = False, **settings):
+def context(store, scratch: Path, model_dir: Path, force: bool = False, round_number=0, **settings):
     verifier = {"enabled": True, **VERIFIER, **settings.pop("verifier", {})}
     overrides = {
-        "store": {"uri": store.uri},
+        "store": {"uri": store.uri, "round": round_number},
         "policy": {"model": str(model_dir), "device": "cpu"},
         "sandbox": {"backend": "subprocess", "workers": 1},
         "verifier": verifier,
@@ -146,6 +151,7 @@ def test_the_verifier_stage_learns_from_the_rounds_programs(trained_round, tiny_
     assert result["programs"]["passing"] == 3 * len(TRAIN)
     assert result["programs"]["train"] + result["programs"]["held_out"] == 12 * len(TRAIN)
     assert result["heldout_auc"] is not None and result["heldout_auc"] >= 0.8
+    assert result["scored_rewrites"] == 12 * len(TRAIN)  # Q_ai for pairs, no model needed there
     marker = store.marker(LAYOUT.stage("verifier"))
     assert marker["base"] == base_of(tiny_model_dir).id
     info = json.loads((root / "store" / LAYOUT.stage("verifier") / "VERIFIER.json").read_text())
@@ -153,6 +159,46 @@ def test_the_verifier_stage_learns_from_the_rounds_programs(trained_round, tiny_
     assert info["written_by"] == base_of(tiny_model_dir).model_dump(mode="json")
     again = verifier_stage(context(store, root / "scratch", tiny_model_dir))
     assert again["skipped"]
+
+
+def add_round(store, root: Path, number: int, tasks: list[Task], policy: Lineage) -> None:
+    """Round `number` of the store's run: its prepared tasks and one complete collect shard."""
+    layout = LAYOUT.of_round(number)
+    folder = root / f"round-{number}"
+    write_jsonl(folder / "tasks" / "train.jsonl", tasks)
+    store.put_dir(layout.stage("tasks"), folder / "tasks")
+    store.mark_complete(layout.stage("tasks"), {})
+    write_jsonl(folder / "shard" / "trajectories.jsonl", [collected(t, policy) for t in tasks])
+    store.put_dir(layout.shard(0), folder / "shard")
+    store.mark_complete(layout.shard(0), {"shard_index": 0, "shard_count": 1})
+
+
+def test_the_verifier_learns_from_the_runs_earlier_rounds_each_program_once(
+    tmp_path, tiny_model_dir
+):
+    from codeq.schemas import AdapterLink
+
+    store = collected_store(tmp_path, tiny_model_dir)  # round 0: 8 problems, 12 programs each
+    promoted = base_of(tiny_model_dir).extended(
+        AdapterLink(round=0, sha256="ab" * 32, source="runs/default/round-0/adapter")
+    )
+    # round 2, from another policy: 2 new problems, and one of round 0's written again
+    add_round(store, tmp_path, 2, [make_task(20), make_task(21), TRAIN[0]], promoted)
+    quick = {"verifier": {"max_steps": 1, "eval_fraction": 0.0}, "round_number": 2}
+    alone = verifier_stage(context(store, tmp_path / "scratch", tiny_model_dir, **quick))
+    assert alone["rounds"] == [2] and alone["programs"]["train"] == 3 * 12, alone
+    quick["verifier"]["earlier_rounds"] = 2  # rounds 0 and 1; round 1 collected nothing
+    result = verifier_stage(context(store, tmp_path / "scratch", tiny_model_dir, True, **quick))
+    assert result["rounds"] == [0, 2], result
+    assert result["programs"]["train"] == (8 + 2) * 12, result  # add-0's again once
+    info = json.loads(
+        (tmp_path / "store" / LAYOUT.of_round(2).stage("verifier") / "VERIFIER.json").read_text()
+    )
+    assert info["rounds"] == [0, 2] and info["round"] == 2
+    assert [w["adapters"] for w in info["writers"]] == [[], [promoted.adapters[0].model_dump()]]
+    assert info["written_by"] is None  # two policies wrote what it learned from
+    marker = store.marker(LAYOUT.of_round(2).stage("verifier"))
+    assert "round 0 collect shard 0" in marker["fingerprint"]["inputs"]
 
 
 def chosen_programs(store, root: Path) -> list[str]:
@@ -320,6 +366,8 @@ def test_a_verifier_of_another_base_model_is_refused_naming_both(
     ctx = context(store, tmp_path / "scratch", other, verifier={"fallback": "critique"})
     with pytest.raises(VerifierLineageError):
         required_verifier(ctx, "pairs.q_ai")
+    with pytest.raises(VerifierLineageError):  # nor the scores it wrote of the round's rewrites
+        pairs_q_ai(ctx, root / "tasks")
 
 
 def test_a_round_runs_the_verifier_after_collect_only_when_enabled():

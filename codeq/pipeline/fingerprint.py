@@ -101,6 +101,7 @@ VERIFIER_KEYS = [
     "verifier.gradient_accumulation_steps",
     "verifier.max_length",
     "verifier.max_programs_per_task",
+    "verifier.earlier_rounds",
     "verifier.objective",
     "verifier.pairs_per_task",
     "verifier.eval_fraction",

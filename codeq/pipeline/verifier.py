@@ -5,11 +5,13 @@ says), and the record of what it did at evaluation (eval/verifier.json)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codeq.config import CodeQConfig
-from codeq.errors import CorruptInputError, VerifierMissingError
+from codeq.errors import CorruptInputError, MissingInputError, VerifierMissingError
 from codeq.logs import log
 from codeq.pipeline.context import (
     StageContext,
@@ -21,15 +23,16 @@ from codeq.pipeline.context import (
     restore_checkpoint,
 )
 from codeq.pipeline.policies import base_policy
-from codeq.schemas import Task, Trajectory, read_jsonl, write_json
+from codeq.schemas import Lineage, Task, Trajectory, read_jsonl, write_json
 
 if TYPE_CHECKING:
     from codeq.pairs import RewriteScorer
-    from codeq.verifier import Verifier, VerifierTieBreak
+    from codeq.verifier import Program, Verifier, VerifierTieBreak
 
 STAGE = "verifier"
 PROGRESS = "verifier-progress"  # a stopped verifier stage's last checkpoint
 RECORD = "verifier.json"  # in eval/: which scorer chose the answers, the verifier's AUC
+SCORES = "q_ai.json"  # in the verifier's output: its score of every rewrite the round collected
 
 
 def round_stages(stages: list[str], config: CodeQConfig) -> list[str]:
@@ -50,29 +53,35 @@ def uses_verifier(config: CodeQConfig) -> bool:
 
 def verifier_stage(ctx: StageContext) -> dict[str, Any]:
     """Train the round's verifier on its base model from every distinct valid program the
-    round's collect wrote, labelled by all the train tasks' tests (the sandbox runs those a
-    search rewarded by visible tests only). With nothing to learn from (every program passed,
-    or none did) the marker records `trained: false`, and a stage that asks for the verifier
-    errs or falls back (verifier.fallback). A stopped stage resumes training from the last
-    checkpoint it kept in the store (verifier.checkpoint_every_s)."""
-    from codeq.pairs import common_policy
+    round's collect wrote (and, with verifier.earlier_rounds, the collects of the run's rounds
+    before it), labelled by all the train tasks' tests (the sandbox runs those a search
+    rewarded by visible tests only). With nothing to learn from (every program passed, or none
+    did) the marker records `trained: false`, and a stage that asks for the verifier errs or
+    falls back (verifier.fallback). A stopped stage resumes training from the last checkpoint
+    it kept in the store (verifier.checkpoint_every_s)."""
     from codeq.train.checkpoints import CheckpointTarget
-    from codeq.verifier import label_unknown, nothing_to_learn, train_verifier, written_programs
+    from codeq.verifier import (
+        Verifier,
+        distinct_programs,
+        label_unknown,
+        nothing_to_learn,
+        train_verifier,
+    )
 
     prefix = ctx.layout.stage(STAGE)
     keeping = ctx.store.is_complete(prefix) and not ctx.force
-    shards = recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)
-    inputs = {f"collect shard {index}": ctx.layout.shard(index) for index in shards}
-    run = begin(ctx, prefix, STAGE, inputs={**inputs, "tasks": ctx.layout.stage("tasks")})
+    shards = learned_shards(ctx, prefix, keeping)
+    run = begin(ctx, prefix, STAGE, inputs=learned_inputs(ctx, shards))
     if run.skipped:
         return run.skipped
-    tasks = {t.task_id: t for t in read_jsonl(download_tasks(ctx) / "train.jsonl", Task)}
-    trajectories: list[Trajectory] = []
-    for index in shards:
-        shard_dir = ctx.workdir(f"verifier-in/shard-{index}")
-        ctx.store.get_dir(ctx.layout.shard(index), shard_dir)
-        trajectories += read_jsonl(shard_dir / "trajectories.jsonl", Trajectory)
-    programs = written_programs(trajectories, tasks, ctx.config.verifier.max_programs_per_task)
+    programs: list[Program] = []
+    writers: dict[str, Lineage] = {}
+    for number, indexes in shards.items():
+        written, trajectories, tasks = round_programs(round_context(ctx, number), indexes)
+        programs += written
+        writers.update((t.policy.id, t.policy) for t in trajectories if t.policy is not None)
+    # the last round read is this one: the rewrites pairs takes Q_ai for
+    programs = distinct_programs(programs)
     if any(item.passed is None for item in programs):
         from codeq.sandbox import Sandbox
 
@@ -87,7 +96,10 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         ctx.store.put_dir(prefix, empty)
         return finish(ctx, run, {"trained": False, "reason": reason})
     base = base_policy(ctx)
-    log(f"verifier: learning from {len(programs)} programs on {base.describe()}")
+    log(
+        f"verifier: learning from {len(programs)} programs of round(s) "
+        f"{', '.join(map(str, shards))} on {base.describe()}"
+    )
     out_dir = ctx.workdir("verifier-train")
     progress = ctx.layout.stage(PROGRESS)
     resume_from = restore_checkpoint(ctx, run, progress)
@@ -96,17 +108,25 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         out_dir,
         ctx.config,
         base=base,
-        written_by=common_policy(trajectories),
+        written_by=next(iter(writers.values())) if len(writers) == 1 else None,
         round_number=ctx.layout.round,
+        rounds=list(shards),
+        writers=list(writers.values()),
         checkpoints=CheckpointTarget(ctx.config.store, progress, run.fingerprint.to_json()),
         resume_from=resume_from,
     )
     folder = out_dir / "verifier"
     write_json(folder / "metrics.json", metrics)
+    verifier = Verifier.load(folder, ctx.config, base)
+    ctx.engines[f"verifier:{prefix}"] = verifier  # a local round's later stages use it as it is
+    scores = rewrite_scores(verifier, trajectories, tasks)
+    write_json(folder / SCORES, scores)
     ctx.store.put_dir(prefix, folder)
     info = {
         "trained": True,
         "programs": metrics["verifier"]["programs"],
+        "scored_rewrites": sum(map(len, scores.values())),
+        "rounds": list(shards),
         "heldout_auc": metrics["heldout_auc"],
         "base": base.id,
         "resumed_from_step": metrics["resumed_from_step"],
@@ -114,6 +134,71 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
     finished = finish(ctx, run, info)
     ctx.store.delete_prefix(progress)  # the verifier is complete: its checkpoints are spent
     return finished
+
+
+def round_context(ctx: StageContext, number: int) -> StageContext:
+    """`ctx` as round `number` of the same run: its keys and its own scratch folders."""
+    store = ctx.config.store.model_copy(update={"round": number})
+    return replace(ctx, config=ctx.config.model_copy(update={"store": store}))
+
+
+def learned_shards(ctx: StageContext, prefix: str, keeping: bool) -> dict[int, list[int]]:
+    """Round -> the collect shards the verifier learns from: this round's (those a kept output
+    was built from), then each of the verifier.earlier_rounds rounds before it whose collect
+    finished (one that did not is left out, with a line saying why)."""
+    shards = {ctx.layout.round: recorded_shards(ctx, prefix) if keeping else completed_shards(ctx)}
+    first = max(0, ctx.layout.round - ctx.config.verifier.earlier_rounds)
+    for number in range(first, ctx.layout.round):
+        earlier = round_context(ctx, number)
+        try:
+            earlier.store.require_complete(earlier.layout.stage("tasks"), "tasks (prepare)")
+            shards[number] = completed_shards(earlier)
+        except MissingInputError as exc:
+            log(f"verifier: round {number}'s programs are left out: {exc}")
+    return dict(sorted(shards.items()))
+
+
+def learned_inputs(ctx: StageContext, shards: dict[int, list[int]]) -> dict[str, str]:
+    """The stage's fingerprinted inputs: each round's collect shards and tasks (this round's
+    named as before earlier rounds were learned from, so its outputs since stay valid)."""
+    inputs: dict[str, str] = {}
+    for number, indexes in shards.items():
+        layout = ctx.layout.of_round(number)
+        named = "" if number == ctx.layout.round else f"round {number} "
+        inputs |= {f"{named}collect shard {index}": layout.shard(index) for index in indexes}
+        inputs[f"{named}tasks"] = layout.stage("tasks")
+    return inputs
+
+
+def round_programs(
+    ctx: StageContext, shards: list[int]
+) -> tuple[list[Program], list[Trajectory], dict[str, Task]]:
+    """The distinct valid programs round `ctx` collected in `shards` (labelled where their
+    search saw all tests), the trajectories they come from and the round's train tasks."""
+    from codeq.verifier import written_programs
+
+    tasks = {t.task_id: t for t in read_jsonl(download_tasks(ctx) / "train.jsonl", Task)}
+    trajectories: list[Trajectory] = []
+    for index in shards:
+        shard_dir = ctx.workdir(f"verifier-in/shard-{index}")
+        ctx.store.get_dir(ctx.layout.shard(index), shard_dir)
+        trajectories += read_jsonl(shard_dir / "trajectories.jsonl", Trajectory)
+    limit = ctx.config.verifier.max_programs_per_task
+    return written_programs(trajectories, tasks, limit), trajectories, tasks
+
+
+def rewrite_scores(
+    verifier: Verifier, trajectories: list[Trajectory], tasks: dict[str, Task]
+) -> dict[str, dict[str, float]]:
+    """Task id -> node id -> the verifier's score of each valid rewrite of `trajectories`:
+    Q_ai for the pairs stage, which then needs no model (nor a GPU) of its own."""
+    scores: dict[str, dict[str, float]] = {}
+    for trajectory in trajectories:
+        rewrites = [node for node in trajectory.nodes[1:] if node.valid]
+        task = tasks[trajectory.task_id]
+        values = verifier.score([(task, node.program) for node in rewrites])
+        scores[trajectory.task_id] = {str(n.id): v for n, v in zip(rewrites, values, strict=True)}
+    return scores
 
 
 # ------------------------------------------------------------------------------ using it
@@ -169,7 +254,11 @@ def required_verifier(ctx: StageContext, asked_by: str) -> Verifier | None:
 
 
 def pairs_q_ai(ctx: StageContext, tasks_dir: Path) -> RewriteScorer | None:
-    """Q_ai from the round's verifier for the pairs stage (pairs.q_ai=verifier)."""
+    """Q_ai from the round's verifier for the pairs stage (pairs.q_ai=verifier): the scores
+    its stage wrote of every rewrite (the model itself only for an output from before it did)."""
+    recorded = recorded_scores(ctx)
+    if recorded is not None:
+        return recorded
     verifier = required_verifier(ctx, "pairs.q_ai")
     if verifier is None:
         return None
@@ -183,6 +272,35 @@ def pairs_q_ai(ctx: StageContext, tasks_dir: Path) -> RewriteScorer | None:
                 hint="rerun the round from collect",
             )
         return verifier.score([(task, node.program) for node in nodes])
+
+    return score
+
+
+def recorded_scores(ctx: StageContext) -> RewriteScorer | None:
+    """The verifier stage's scores of the round's rewrites as a scorer, its lineage checked
+    (None when the round has no verifier, or its output holds no scores)."""
+    from codeq.verifier.model import VERIFIER_FILE, check_lineage, read_info
+
+    prefix = ctx.layout.stage(STAGE)
+    if _missing(ctx) is not None:
+        return None
+    folder = ctx.workdir("verifier-scores")
+    if not ctx.store.get_verified_file(prefix, SCORES, folder / SCORES):
+        return None
+    ctx.store.get_verified_file(prefix, VERIFIER_FILE, folder / VERIFIER_FILE)
+    check_lineage(read_info(folder), base_policy(ctx), ctx.store.describe(prefix))
+    table = json.loads((folder / SCORES).read_text(encoding="utf-8"))
+
+    def score(trajectory: Trajectory, nodes: Any) -> list[float]:
+        scored = table.get(trajectory.task_id, {})
+        missing = [node.id for node in nodes if str(node.id) not in scored]
+        if missing:
+            raise CorruptInputError(
+                f"{ctx.store.describe(prefix)} holds no verifier score of task "
+                f"{trajectory.task_id}'s rewrites {missing[:5]}",
+                hint="rerun the round's verifier stage (--force) on this round's collect",
+            )
+        return [float(scored[str(node.id)]) for node in nodes]
 
     return score
 

@@ -2,7 +2,13 @@
 program), a LoRA sequence classifier on the policy's base model trained on the programs a
 round wrote; used as Q_ai in pairs, to break ties among final answers, and in search."""
 
-from codeq.verifier.data import Program, label_unknown, nothing_to_learn, written_programs
+from codeq.verifier.data import (
+    Program,
+    distinct_programs,
+    label_unknown,
+    nothing_to_learn,
+    written_programs,
+)
 from codeq.verifier.metrics import (
     auc_interval,
     program_auc,
@@ -19,6 +25,7 @@ __all__ = [
     "VerifierInfo",
     "VerifierTieBreak",
     "auc_interval",
+    "distinct_programs",
     "label_unknown",
     "nothing_to_learn",
     "program_auc",

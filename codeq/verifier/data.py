@@ -53,6 +53,19 @@ def written_programs(
     return programs
 
 
+def distinct_programs(programs: Iterable[Program]) -> list[Program]:
+    """`programs` without repeats: a program written again for the same problem (in a later
+    round, by another policy) is learned from once, where it was first written."""
+    seen: set[tuple[str, str]] = set()
+    distinct: list[Program] = []
+    for item in programs:
+        key = (item.task.slug, item.program.strip())
+        if key not in seen:
+            seen.add(key)
+            distinct.append(item)
+    return distinct
+
+
 def label_unknown(programs: Sequence[Program], sandbox: Any) -> list[Program]:
     """`programs` with every unknown label found by running the program on all its task's tests
     (codeq.tasks.score_programs in `sandbox`)."""

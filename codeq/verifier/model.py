@@ -29,7 +29,15 @@ class VerifierInfo(BaseModel):
     base: Lineage = Field(description="The base model (no adapters): the verifier's lineage.")
     adapter_sha256: str = Field(description="sha256 of its adapter_model.safetensors.")
     written_by: Lineage | None = Field(None, description="The policy that wrote the programs.")
-    round: int | None = Field(None, description="The round whose programs it learned from.")
+    round: int | None = Field(None, description="The round it was trained in.")
+    rounds: list[int] = Field(
+        default_factory=list,
+        description="The rounds whose collected programs it learned from (verifier.earlier_rounds).",
+    )
+    writers: list[Lineage] = Field(
+        default_factory=list,
+        description="Every policy that wrote programs it learned from (one per sampling policy).",
+    )
     programs: dict[str, int] = Field(
         default_factory=dict, description="train / held_out / passing / failing counts."
     )

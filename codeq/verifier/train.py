@@ -164,6 +164,8 @@ def train_verifier(
     base: Lineage,
     written_by: Lineage | None = None,
     round_number: int | None = None,
+    rounds: Sequence[int] = (),
+    writers: Sequence[Lineage] = (),
     checkpoints: CheckpointTarget | None = None,
     resume_from: Path | None = None,
 ) -> dict[str, Any]:
@@ -277,6 +279,8 @@ def train_verifier(
         adapter_sha256=adapter_sha256(folder),
         written_by=written_by,
         round=round_number,
+        rounds=list(rounds),
+        writers=list(writers),
         programs=counts,
         heldout_auc=heldout_auc,
         max_length=settings.max_length,
