@@ -222,7 +222,17 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "bon_samples": 8,
             "seed": args.seed,
         },
-        "pairs": {"max_pairs_per_task": 2},
+        # The self-critique gives Q_ai and breaks ties, as in every round committed: the learned
+        # verifier became the default after round 12 (these are the values before it, at which
+        # no key is fingerprinted, so the committed rounds stay this command's).
+        "pairs": {"max_pairs_per_task": 2, "q_ai": "critique"},
+        "verifier": {
+            "enabled": False,
+            "fallback": "error",
+            "objective": "pointwise",
+            "epochs": 2.0,
+            "earlier_rounds": 0,
+        },
         "train": {
             "lora_r": 16,
             "lora_alpha": 32,
@@ -236,6 +246,7 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "modes": ["full_rewrite"],
             "rollout_ablation": [1, 2, 4, 8],
             "max_tasks": args.test_tasks,
+            "tie_break": "critique",
         },
         # The rule the curves began with: greedy answers, no guard mode (keys added since, at
         # the values that reproduce it), and the engine that generated every round so far.

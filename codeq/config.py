@@ -322,7 +322,7 @@ class PairsConfig(Section):
     )
     max_pairs_per_task: int = Field(8, ge=1, description="Cap on pairs from one task.")
     q_ai: Literal["critique", "verifier"] = Field(
-        "critique",
+        "verifier",
         description="What gives Q_ai: the policy's self-critique, or the round's learned "
         "verifier (its probability that the rewrite passes every test; needs "
         "verifier.enabled, see verifier.fallback).",
@@ -424,7 +424,7 @@ class EvaluateConfig(Section):
     max_tasks: int | None = Field(None, ge=1, description="Evaluate at most N test tasks.")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Wilson interval confidence.")
     tie_break: Literal["critique", "verifier"] = Field(
-        "critique",
+        "verifier",
         description="What chooses the answer among rewrites that pass as many visible tests, in "
         "every mode and on both splits: the self-critique, or the round's learned verifier "
         "(needs verifier.enabled, see verifier.fallback).",
@@ -506,7 +506,7 @@ class PromotionConfig(Section):
 
 class VerifierConfig(Section):
     enabled: bool = Field(
-        False,
+        True,
         description="Train a learned verifier each round (stage 'verifier', after collect): a "
         "LoRA sequence classifier on the policy's base model that scores (task, program) with "
         "the probability that the program passes all the task's tests, learned from every "
@@ -515,7 +515,7 @@ class VerifierConfig(Section):
         "report; pairs.q_ai and evaluate.tie_break choose where it is used.",
     )
     fallback: Literal["error", "critique"] = Field(
-        "error",
+        "critique",
         description="A round that asks for the verifier (pairs.q_ai, evaluate.tie_break) but "
         "has none (disabled, or nothing to learn from: every program passed or none did): "
         "'error' stops the stage, 'critique' uses the self-critique and records that it did.",
@@ -528,7 +528,9 @@ class VerifierConfig(Section):
         description="Modules the verifier's LoRA adapts (its score head is trained whole).",
     )
     learning_rate: float = Field(1e-4, gt=0.0, description="Of the LoRA and the score head.")
-    epochs: float = Field(2.0, gt=0.0, description="Passes over the labelled programs.")
+    epochs: float = Field(
+        1.0, gt=0.0, description="Passes over the labelled programs (or pairs, pairwise)."
+    )
     max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: epochs).")
     batch_size: int = Field(8, ge=1, description="Programs per device per step (and scoring).")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Accumulation steps.")
@@ -542,7 +544,7 @@ class VerifierConfig(Section):
         16, ge=1, description="Distinct programs learned from per task (the first written)."
     )
     earlier_rounds: int = Field(
-        0,
+        6,
         ge=0,
         description="Earlier rounds of the run whose collected programs it learns from too: "
         "this round's and up to this many before it (those whose collect finished), each "
@@ -550,7 +552,7 @@ class VerifierConfig(Section):
         "about 90 (passing, failing) pairs; the decision run learned from 7 rounds (654 pairs).",
     )
     objective: Literal["pointwise", "pairwise"] = Field(
-        "pointwise",
+        "pairwise",
         description="'pointwise': binary cross-entropy on each program's label, a probability "
         "that it passes; 'pairwise': TRL reward training (Bradley-Terry) on (passing, failing) "
         "programs of the same task, so the score learns which program of a task is right and "

@@ -81,9 +81,13 @@ def logits_of(engine, text: str):
 
 @pytest.mark.slow
 def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, monkeypatch):
+    # The self-critique breaks ties: each round's learned verifier is new (it learns from the
+    # run's rounds so far), so under it round 1 answers its incumbent's trees anew, where the
+    # critique's answers are round 0's and its trees are reused as they are (checked below).
+    critique = {"evaluate": {**SETTINGS["evaluate"], "tie_break": "critique"}}
     config = load_config(
         LOCAL_ROUND_PRESET,
-        {**SETTINGS, "store": {"uri": f"file://{tmp_path / 'store'}", "run": "chain"}},
+        {**SETTINGS, **critique, "store": {"uri": f"file://{tmp_path / 'store'}", "run": "chain"}},
     )
     store = open_store(config.store)
     seen: list = []

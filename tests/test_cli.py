@@ -149,7 +149,7 @@ def test_stage_commands_inside_a_local_round_use_its_settings_and_say_so(
         context.store.mark_complete(context.layout.stage("promote"), {"promote": False})
         return {"skipped": False}
 
-    for name in stages.STAGES:
+    for name in stages.STAGE_FUNCTIONS:
         monkeypatch.setitem(stages.STAGE_FUNCTIONS, name, finished)
     out = tmp_path / "run"
     assert run(["round", "-o", str(out), "--max-items", "3"]) == 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from codeq.cli import run
+from codeq.config import load_config
 from codeq.pipeline import stages
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ def stub_stages(monkeypatch, stop_in: str, signum: int) -> None:
         time.sleep(5)
         raise AssertionError("the signal never arrived")
 
-    for name in stages.STAGES:
+    for name in stages.STAGE_FUNCTIONS:
         monkeypatch.setitem(stages.STAGE_FUNCTIONS, name, stopped if name == stop_in else finished)
 
 
@@ -58,7 +59,7 @@ def stub_stages(monkeypatch, stop_in: str, signum: int) -> None:
     ("stop_in", "signum", "code", "finished"),
     [
         ("collect", signal.SIGINT, 130, "prepare"),
-        ("train", signal.SIGTERM, 143, "prepare, collect, pairs"),
+        ("train", signal.SIGTERM, 143, "prepare, collect, verifier, pairs"),
     ],
 )
 def test_a_signal_in_a_round_exits_non_zero_with_one_line(
@@ -72,9 +73,10 @@ def test_a_signal_in_a_round_exits_non_zero_with_one_line(
     assert run(argv) == code
     line = interrupt_line(capsys.readouterr().err)
     name = signal.Signals(signum).name
-    index = stages.STAGES.index(stop_in) + 1
+    ran = stages.round_stages(load_config(None))  # the learned verifier's stage among them
+    index = ran.index(stop_in) + 1
     assert line == (
-        f"error: interrupted ({name}): round 0 stopped in {stop_in} (stage {index}/7) after "
+        f"error: interrupted ({name}): round 0 stopped in {stop_in} (stage {index}/{len(ran)}) after "
         f"{finished} finished; to resume, run the same command again: codeq round -o "
         f"{tmp_path / 'out'} (finished stages are skipped; collect and evaluate keep the tasks "
         "they finished)"
@@ -101,7 +103,7 @@ def test_a_signal_that_library_code_turns_into_another_error_is_still_an_interru
     monkeypatch.setitem(stages.STAGE_FUNCTIONS, "collect", cut_inside_a_lock)
     assert run(["rounds", "--rounds", "2", "-o", str(tmp_path / "out")]) == 130
     line = interrupt_line(capsys.readouterr().err)
-    assert "round 0 stopped in collect (stage 2/7) after prepare finished" in line
+    assert "round 0 stopped in collect (stage 2/8) after prepare finished" in line
     assert "codeq rounds --rounds 2 -o" in line
 
 
@@ -179,7 +181,7 @@ def test_ctrl_c_in_collect_and_sigterm_in_train_of_a_real_round_then_a_rerun_res
     code, text = stop(proc, signal.SIGINT, log)
     assert code == 130, text[-3000:]
     line = interrupt_line(text)
-    assert "round 0 stopped in collect (stage 2/7) after prepare finished" in line
+    assert "round 0 stopped in collect (stage 2/8) after prepare finished" in line
     assert f"codeq {' '.join(argv)}" in line
     assert not (saved.parent / "_COMPLETE").exists()
 
@@ -192,7 +194,10 @@ def test_ctrl_c_in_collect_and_sigterm_in_train_of_a_real_round_then_a_rerun_res
     restored = re.search(r"collect shard 0/1: (\d+) task\(s\) restored", text)
     assert restored and int(restored.group(1)) >= 1, text[-3000:]
     line = interrupt_line(text)
-    assert "round 0 stopped in train (stage 4/7) after prepare, collect, pairs finished" in line
+    assert (
+        "round 0 stopped in train (stage 5/8) after prepare, collect, verifier, pairs finished"
+        in line
+    )
 
     rerun = subprocess.run(
         [sys.executable, "-m", "codeq", *argv],

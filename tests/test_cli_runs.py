@@ -23,7 +23,7 @@ def test_each_run_of_an_out_folder_has_its_own_scratch_folder(tmp_path, monkeypa
         context.store.mark_complete(context.layout.stage("promote"), {"promote": False})
         return {"skipped": False}
 
-    for name in stages.STAGES:
+    for name in stages.STAGE_FUNCTIONS:
         monkeypatch.setitem(stages.STAGE_FUNCTIONS, name, record)
     out = tmp_path / "out"
     for name in ("first", "second"):

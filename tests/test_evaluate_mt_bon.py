@@ -160,7 +160,7 @@ def test_a_local_round_collects_and_evaluates_with_mt_bon(tiny_model_dir, tmp_pa
     rewrite a turn: the tiny random model writes no programs), and the test split is evaluated
     in mt_bon by the real tiny model."""
     from codeq.pipeline.local_round import LOCAL_ROUND_PRESET, run_round
-    from codeq.pipeline.stages import STAGES, StageContext, prepare_stage
+    from codeq.pipeline.stages import StageContext, prepare_stage, round_stages
     from codeq.schemas import Pair
     from codeq.store import RoundLayout, open_store
 
@@ -180,7 +180,7 @@ def test_a_local_round_collects_and_evaluates_with_mt_bon(tiny_model_dir, tmp_pa
     summary = run_round(
         config, tmp_path / "out", engines={"collect": OracleOrWrongPolicy(train_tasks)}
     )
-    assert list(summary["timings"]) == STAGES
+    assert list(summary["timings"]) == round_stages(config)
     layout = RoundLayout("mtbon", 0)
     trees = [
         Trajectory.model_validate_json(line)

@@ -17,6 +17,7 @@ from test_helm import (
     NAMESPACE,
     RELEASE,
     STAGES,
+    TRAIN_IMAGE_STAGES,
     deep_merge,
     scenario_values,
     substitute,
@@ -98,7 +99,7 @@ def test_the_written_values_pin_both_digests_in_every_stage():
         image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
         expected = (
             f"ghcr.io/acme/codeq-train@{train}"
-            if stage == "train"
+            if stage in TRAIN_IMAGE_STAGES
             else f"ghcr.io/acme/codeq-infer@{infer}"
         )
         assert image == expected, stage

@@ -25,8 +25,9 @@ CHART = REPO / "helm" / "codeq"
 SCENARIOS = sorted(
     p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml")
 )
-STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
-VERIFIER = "verifier"  # a stage only with config.verifier.enabled (stages_of)
+VERIFIER = "verifier"  # a stage unless config.verifier.enabled is false (stages_of)
+STAGES = ["prepare", "collect", VERIFIER, "pairs", "train", "evaluate", "promote", "report"]
+CRITIQUE_STAGES = [stage for stage in STAGES if stage != VERIFIER]  # critique-values.yaml
 TRAIN_IMAGE_STAGES = {"train", VERIFIER}
 SANDBOX_STAGES = {"prepare", "collect", "evaluate"}
 CPU_STAGES = {"prepare", "pairs", "promote", "report"}
@@ -96,11 +97,11 @@ def effective_values(scenario: str, extra: str = "") -> dict[str, Any]:
 
 
 def stages_of(values: dict[str, Any]) -> list[str]:
-    """The stages a round of these values runs, in order: STAGES, and the learned verifier
-    between collect and pairs when the chart's config.verifier.enabled is true."""
-    if not (values.get("config") or {}).get("verifier", {}).get("enabled"):
-        return list(STAGES)
-    return [*STAGES[:2], VERIFIER, *STAGES[2:]]
+    """The stages a round of these values runs, in order: STAGES, the learned verifier between
+    collect and pairs left out where the chart's config.verifier.enabled is false."""
+    if not (values.get("config") or {}).get("verifier", {}).get("enabled", True):
+        return list(CRITIQUE_STAGES)
+    return list(STAGES)
 
 
 def scenario_stages(scenario: str, extra: str = "") -> list[str]:
@@ -795,9 +796,8 @@ def peak_scratch(
     evaluate: it and the candidate, which adds this round's adapter), every adapter of those
     lineages, and the stage's work files. `shapes`: the model's config.json (default the 7B).
     `verifier` (verifier_disk; None: the round trains no verifier): the stages in its `stages`
-    hold its LoRA too (the verifier stage writes it on the base model, pairs with
-    pairs.q_ai=verifier and evaluate load it on the base model, which pairs alone downloads
-    for it)."""
+    hold its LoRA too (the verifier stage writes it on the base model and evaluate loads it;
+    pairs reads the scores the verifier stage wrote, no model)."""
     model = weight_bytes(shapes) + TOKENIZER_FILES
     adapter = adapter_bytes(shapes, train["lora_r"], train["target_modules"])
     policies = {"collect": 1, "train": 1, "evaluate": 2}.get(stage, 0)
@@ -822,10 +822,7 @@ def verifier_disk(values: dict[str, Any]) -> dict[str, Any] | None:
         return None
     settings = load_config(None).verifier.model_dump()
     settings.update(config.get("verifier", {}))
-    stages = {VERIFIER, "evaluate"}
-    if config.get("pairs", {}).get("q_ai") == "verifier":
-        stages.add("pairs")
-    return {**settings, "stages": stages}
+    return {**settings, "stages": {VERIFIER, "evaluate"}}
 
 
 def scratch_capacity(pod: dict[str, Any]) -> float:
@@ -845,7 +842,7 @@ def test_the_7b_sizes_are_the_known_ones():
     assert adapter_bytes(QWEN_7B, 32, list(linear_shapes(QWEN_7B))) == 334_961_408
 
 
-@pytest.mark.parametrize("scenario", ["default", "irsa", "kueue", "gke", "karpenter", "verifier"])
+@pytest.mark.parametrize("scenario", ["default", "irsa", "kueue", "gke", "karpenter", "critique"])
 def test_every_stage_has_the_disk_its_7b_peak_needs(scenario):
     """Each stage's /scratch holds its peak at the 7B's shapes (the base model, the merged
     policies, the adapters of a 10-round lineage, its work files), and its ephemeral-storage
@@ -1079,6 +1076,7 @@ def test_the_kueue_example_admits_every_stage_on_its_own_flavor():
     }
     union = {key for flavor in flavors for key in flavor["spec"].get("nodeLabels", {})}
     expected = {"collect": "infer", "evaluate": "infer", "train": "h100-train"}
+    expected[VERIFIER] = "h100-train"  # placed where train is
     for stage, job in stage_jobs("kueue").items():
         requests = job_requests(job)
         assert set(requests) <= covered, (stage, set(requests) - covered)
@@ -1398,23 +1396,23 @@ def test_the_workflow_deadline_grows_with_max_rounds():
 
 def test_the_default_deadline_is_the_sum_documented():
     deadline = workflow_template("default")["spec"]["activeDeadlineSeconds"]
-    assert deadline == 10 * 385200  # 10 rounds of 107 h: values.yaml and docs/cluster.md say so
+    assert deadline == 10 * 450000  # 10 rounds of 125 h: values.yaml and docs/cluster.md say so
     values_text = (CHART / "values.yaml").read_text()
-    assert "107 h with the defaults" in values_text and "1070 h with the defaults" in values_text
+    assert "125 h with the defaults" in values_text and "1250 h with the defaults" in values_text
     assert "maxRounds: 10" in values_text
 
 
 def test_a_deadline_shorter_than_max_rounds_of_stages_fails_the_install():
     with pytest.raises(helm.HelmError) as caught:
-        render_with("default", workflow={"activeDeadlineSeconds": 400000})
+        render_with("default", workflow={"activeDeadlineSeconds": 440000})
     message = str(caught.value)
     assert (
-        "workflow.activeDeadlineSeconds=400000 is shorter than workflow.maxRounds=10 round(s) "
-        "may take (3852000 s: 385200 s a round" in message
+        "workflow.activeDeadlineSeconds=440000 is shorter than workflow.maxRounds=10 round(s) "
+        "may take (4500000 s: 450000 s a round" in message
     )
-    one = {"activeDeadlineSeconds": 400000, "maxRounds": 1}
+    one = {"activeDeadlineSeconds": 460000, "maxRounds": 1}
     longer = workflow_template("default", json.dumps({"workflow": one}))
-    assert longer["spec"]["activeDeadlineSeconds"] == 400000
+    assert longer["spec"]["activeDeadlineSeconds"] == 460000
 
 
 def test_logs_are_kept_for_a_week_and_argo_can_archive_its_own():
@@ -1680,7 +1678,7 @@ def test_notes_say_how_to_follow_read_logs_and_stop_a_round():
         assert text in notes, text
     assert "-p round=0" not in notes, "the round number defaults to the next one"
     assert "-p rounds=<K>" in notes and "workflow.maxRounds=10" in notes
-    assert "Deadline:         3852000 s (workflow.maxRounds=10 rounds of 385200 s" in notes
+    assert "Deadline:         4500000 s (workflow.maxRounds=10 rounds of 450000 s" in notes
 
 
 # ----------------------------------------------------------------------------- the first run on EKS

@@ -1,8 +1,9 @@
-"""The learned verifier in the Helm chart: with the codeq config's verifier.enabled every round
-runs the `verifier` stage between collect and pairs, as its own Job in the train image on the
-train pool, counted in the workflow's deadline; values that cannot work fail at render with one
-line naming the value. The strict schemas and checkov run on helm/codeq/ci/verifier-values.yaml
-with every other scenario (tests/test_chart_validation.py)."""
+"""The learned verifier in the Helm chart: unless the codeq config's verifier.enabled is false
+(codeq's default is true) every round runs the `verifier` stage between collect and pairs, as its
+own Job in the train image on the train pool, counted in the workflow's deadline; values that
+cannot work fail at render with one line naming the value. The strict schemas and checkov run on
+helm/codeq/ci/critique-values.yaml (no verifier) with every other scenario
+(tests/test_chart_validation.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from test_helm import (
     CHART,
+    CRITIQUE_STAGES,
     NAMESPACE,
     RELEASE,
     SCENARIOS,
@@ -32,7 +34,7 @@ from test_helm import (
 
 helm = pytest.importorskip("helm_python")
 
-ENABLED = {"config": {"verifier": {"enabled": True}}}
+DISABLED = {"config": {"verifier": {"enabled": False}}}
 
 
 def round_tasks(scenario: str, extra: str = "") -> list[str]:
@@ -47,16 +49,14 @@ def round_tasks(scenario: str, extra: str = "") -> list[str]:
     return order
 
 
-def test_the_verifier_stage_runs_only_when_the_config_enables_it_between_collect_and_pairs():
-    assert round_tasks("default") == STAGES
-    assert VERIFIER not in templates("default") and f"{VERIFIER}-start" not in templates("default")
-    assert VERIFIER not in stage_jobs("default")
+def test_the_verifier_stage_runs_between_collect_and_pairs_unless_the_config_disables_it():
     expected = ["prepare", "collect", VERIFIER, "pairs", "train", "evaluate", "promote", "report"]
-    assert round_tasks("verifier") == expected
-    assert round_tasks("default", json.dumps(ENABLED)) == expected
-    assert round_tasks("default", json.dumps({"config": {"verifier": {"enabled": False}}})) == (
-        STAGES
-    )
+    assert round_tasks("default") == expected == STAGES
+    assert round_tasks("critique") == CRITIQUE_STAGES
+    assert VERIFIER not in templates("critique")
+    assert f"{VERIFIER}-start" not in templates("critique")
+    assert VERIFIER not in stage_jobs("critique")
+    assert round_tasks("default", json.dumps(DISABLED)) == CRITIQUE_STAGES
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -75,9 +75,9 @@ def test_the_charts_round_is_the_round_codeq_runs_for_its_config(scenario, tmp_p
 
 
 def test_the_verifier_job_trains_in_the_train_image_on_the_train_pool():
-    values = effective_values("verifier")
+    values = effective_values("default")
     conf = values["stages"][VERIFIER]
-    job = stage_jobs("verifier")[VERIFIER]
+    job = stage_jobs("default")[VERIFIER]
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     train_image = values["images"]["train"]
@@ -107,33 +107,35 @@ def test_the_verifier_job_trains_in_the_train_image_on_the_train_pool():
     }
     # Pinned by digest, the train image's digest is used.
     digest = "sha256:" + "2" * 64
-    pinned = stage_jobs("verifier", json.dumps({"images": {"train": {"digest": digest}}}))
+    pinned = stage_jobs("default", json.dumps({"images": {"train": {"digest": digest}}}))
     (container,) = pinned[VERIFIER]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == f"{train_image['repository']}@{digest}"
 
 
-def test_pairs_moves_to_a_gpu_in_the_verifier_scenario_and_downstream_reads_the_store():
-    """Pairs (pairs.q_ai=verifier) and evaluate (tie_break=verifier) load the verifier from the
-    store, on a GPU; evaluate runs where it did."""
-    jobs = stage_jobs("verifier")
+def test_pairs_stays_on_the_cpu_pool_and_evaluate_loads_the_verifier_on_its_gpu():
+    """Pairs (pairs.q_ai=verifier, codeq's default) reads the scores the verifier stage wrote:
+    no GPU, the CPU pool; evaluate (tie_break=verifier) loads the verifier where it runs."""
+    from codeq.config import load_config
+
+    config = load_config(None)
+    assert config.pairs.q_ai == config.evaluate.tie_break == "verifier"
+    jobs = stage_jobs("default")
     pairs = jobs["pairs"]["spec"]["template"]["spec"]
-    assert pairs["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert pairs["nodeSelector"] == effective_values("verifier")["pools"]["infer"]["nodeSelector"]
+    assert pairs["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0) == 0
+    assert pairs["nodeSelector"] == effective_values("default")["pools"]["cpu"]["nodeSelector"]
     evaluate = jobs["evaluate"]["spec"]["template"]["spec"]["containers"][0]
     assert evaluate["resources"]["limits"]["nvidia.com/gpu"] == 1
-    config = effective_values("verifier")["config"]
-    assert config["pairs"]["q_ai"] == config["evaluate"]["tie_break"] == "verifier"
 
 
 def test_the_workflow_deadline_counts_the_verifier_stage():
     values = effective_values("default")
     rounds = values["workflow"].get("maxRounds", 1)
     start = math.ceil(go_duration_seconds(values["workflow"]["startTimeout"]))
-    without = workflow_template("default")["spec"]["activeDeadlineSeconds"]
-    with_it = workflow_template("default", json.dumps(ENABLED))["spec"]["activeDeadlineSeconds"]
+    without = workflow_template("default", json.dumps(DISABLED))["spec"]["activeDeadlineSeconds"]
+    with_it = workflow_template("default")["spec"]["activeDeadlineSeconds"]
     verifier = values["stages"][VERIFIER]["activeDeadlineSeconds"]
     assert with_it - without == rounds * (verifier + start)
-    longer = deep_merge(ENABLED, {"stages": {VERIFIER: {"activeDeadlineSeconds": 90000}}})
+    longer = {"stages": {VERIFIER: {"activeDeadlineSeconds": 90000}}}
     assert workflow_template("default", json.dumps(longer))["spec"][
         "activeDeadlineSeconds"
     ] - with_it == rounds * (90000 - verifier)
@@ -149,7 +151,7 @@ def test_the_notes_list_the_stages_a_round_runs_with_their_pools():
         ]
         return line
 
-    assert notes({}).split(":", 1)[1].split() == [
+    assert notes(DISABLED).split(":", 1)[1].split() == [
         "prepare->cpu",
         "collect->infer",
         "pairs->cpu",
@@ -158,16 +160,13 @@ def test_the_notes_list_the_stages_a_round_runs_with_their_pools():
         "promote->cpu",
         "report->cpu",
     ]
-    assert "collect->infer verifier->train pairs->cpu" in notes(ENABLED)
+    assert "collect->infer verifier->train pairs->cpu" in notes({})
 
 
 def test_the_cpu_flavor_runs_the_verifier_without_a_gpu():
     """kind's values run everything on the CPU (config.policy.device=cpu): gpus 0 is right."""
-    extra = deep_merge(ENABLED, {"stages": {VERIFIER: {"gpus": 0}}})
-    assert scenario_stages("kind", json.dumps(extra)) == [*STAGES[:2], VERIFIER, *STAGES[2:]]
-    (container,) = stage_jobs("kind", json.dumps(extra))[VERIFIER]["spec"]["template"]["spec"][
-        "containers"
-    ]
+    assert scenario_stages("kind") == STAGES
+    (container,) = stage_jobs("kind")[VERIFIER]["spec"]["template"]["spec"]["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 0
     assert container["image"].startswith("codeq-train:")
 
@@ -176,28 +175,26 @@ def test_the_cpu_flavor_runs_the_verifier_without_a_gpu():
     ("extra", "message", "remedy"),
     [
         (
-            deep_merge(ENABLED, {"stages": {VERIFIER: {"gpus": 0}}}),
+            {"stages": {VERIFIER: {"gpus": 0}}},
             "stages.verifier.gpus=0 but config.policy.device=cuda",
             "give it stages.verifier.gpus=1",
         ),
         (
-            {"config": {"pairs": {"q_ai": "verifier"}}},
+            deep_merge(DISABLED, {"config": {"verifier": {"fallback": "error"}}}),
             "config.pairs.q_ai=verifier asks for the round's learned verifier, but "
             "config.verifier.enabled is not true",
             "set config.verifier.enabled=true, or config.verifier.fallback=critique",
         ),
         (
-            {"config": {"evaluate": {"tie_break": "verifier"}}},
+            deep_merge(
+                DISABLED,
+                {"config": {"verifier": {"fallback": "error"}, "pairs": {"q_ai": "critique"}}},
+            ),
             "config.evaluate.tie_break=verifier asks for the round's learned verifier",
             "config.verifier.fallback=critique",
         ),
         (
-            deep_merge(ENABLED, {"config": {"pairs": {"q_ai": "verifier"}}}),
-            "stages.pairs.gpus=0 but config.pairs.q_ai=verifier",
-            "give pairs a GPU (stages.pairs.pool=infer, gpus=1)",
-        ),
-        (
-            deep_merge(ENABLED, {"config": {"search": {"reward_tests": "visible"}}}),
+            {"config": {"search": {"reward_tests": "visible"}}},
             "config.search.reward_tests=visible with config.verifier.enabled",
             "collect with config.search.reward_tests=all",
         ),
@@ -220,18 +217,10 @@ def test_verifier_values_that_cannot_work_fail_the_render_with_one_line(extra, m
 @pytest.mark.parametrize(
     "extra",
     [
-        # The self-critique stands in where config.verifier.fallback says so.
-        {"config": {"pairs": {"q_ai": "verifier"}, "verifier": {"fallback": "critique"}}},
+        # The self-critique stands in where config.verifier.fallback says so (its default).
+        DISABLED,
         # A sandbox backend the train image can run: the verifier labels programs itself.
-        deep_merge(
-            ENABLED,
-            {
-                "config": {
-                    "search": {"reward_tests": "visible"},
-                    "sandbox": {"backend": "subprocess"},
-                }
-            },
-        ),
+        {"config": {"search": {"reward_tests": "visible"}, "sandbox": {"backend": "subprocess"}}},
     ],
 )
 def test_verifier_values_that_work_render(extra):

@@ -241,6 +241,7 @@ def test_rendered_jobs_complete_a_round_against_s3(moto_s3, tiny_model_dir, tmp_
         "prepare",
         "collect-0",
         "collect-1",
+        "verifier",  # codeq's default: the learned verifier (here nothing to learn from, or little)
         "pairs",
         "train",
         "evaluate",

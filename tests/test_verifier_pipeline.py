@@ -55,6 +55,11 @@ VERIFIER = {
     "batch_size": 8,
     "max_length": 192,
     "eval_fraction": 0.25,
+    # what these tests were made for: a pointwise verifier of the round's own collect, and a
+    # missing verifier that stops the stage asking for it
+    "objective": "pointwise",
+    "earlier_rounds": 0,
+    "fallback": "error",
 }
 
 
@@ -211,7 +216,8 @@ def test_pairs_take_q_ai_from_the_verifier_in_place_of_the_critique(trained_roun
     store, root, _ = trained_round
     blend = {"alpha": 0.0, "min_value_gap": 0.3, "max_pairs_per_task": 4}
     scratch = root / "scratch"
-    by_critique = pairs_stage(context(store, scratch, tiny_model_dir, pairs=blend))
+    by_critique = {**blend, "q_ai": "critique"}
+    by_critique = pairs_stage(context(store, scratch, tiny_model_dir, pairs=by_critique))
     assert by_critique["pairs"] > 0
     assert all(" + " not in program for program in chosen_programs(store, root))
     by_verifier = {**blend, "q_ai": "verifier"}
@@ -266,7 +272,7 @@ def test_the_verifier_chooses_among_answers_tied_on_the_visible_tests(
 ):
     store, root, _ = trained_round
     out = root / "eval"
-    _, critique = evaluate_bon(store, root, tiny_model_dir, out / "critique")
+    _, critique = evaluate_bon(store, root, tiny_model_dir, out / "critique", tie_break="critique")
     assert critique.modes["bon"].solved == 0  # equal critiques: the first sample, a constant
     ctx, verifier = evaluate_bon(
         store, root, tiny_model_dir, out / "candidate" / "validation", tie_break="verifier"
@@ -335,6 +341,7 @@ def test_a_job_without_its_verifier_prints_one_error_line(tmp_path, tiny_model_d
         "CODEQ_STORE__URI": store.uri,
         "CODEQ_POLICY__MODEL": str(tiny_model_dir),
         "CODEQ_PAIRS__Q_AI": "verifier",
+        "CODEQ_VERIFIER__FALLBACK": "error",  # the default, critique, would stand in
     }
     done = subprocess.run(
         [sys.executable, "-m", "jobs.pairs"],
@@ -367,13 +374,13 @@ def test_a_verifier_of_another_base_model_is_refused_naming_both(
     with pytest.raises(VerifierLineageError):
         required_verifier(ctx, "pairs.q_ai")
     with pytest.raises(VerifierLineageError):  # nor the scores it wrote of the round's rewrites
-        pairs_q_ai(ctx, root / "tasks")
+        pairs_q_ai(ctx)
 
 
-def test_a_round_runs_the_verifier_after_collect_only_when_enabled():
-    assert round_stages(load_config()) == STAGES
-    enabled = round_stages(load_config(overrides={"verifier": {"enabled": True}}))
-    assert enabled == [*STAGES[:2], "verifier", *STAGES[2:]]
+def test_a_round_runs_the_verifier_after_collect_unless_disabled():
+    assert round_stages(load_config()) == [*STAGES[:2], "verifier", *STAGES[2:]]
+    disabled = round_stages(load_config(overrides={"verifier": {"enabled": False}}))
+    assert disabled == STAGES
 
 
 def test_the_bench_measures_the_verifier_on_a_stores_validation_rewrites(tmp_path, tiny_model_dir):

@@ -238,7 +238,7 @@ def pairs_stage(ctx: StageContext) -> dict[str, Any]:
     if ctx.config.pairs.q_ai == "verifier":
         from codeq.pipeline.verifier import pairs_q_ai
 
-        q_ai = pairs_q_ai(ctx, _download_tasks(ctx))
+        q_ai = pairs_q_ai(ctx)
     shard_files: list[Path] = []
     for index in shards:
         shard_dir = ctx.workdir(f"pairs-in/shard-{index}")
@@ -915,8 +915,8 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 def round_stages(config: CodeQConfig) -> list[str]:
-    """The stages a round runs, in order: STAGES, and the verifier after collect when
-    verifier.enabled."""
+    """The stages a round runs, in order: STAGES, and the verifier after collect unless
+    verifier.enabled is false."""
     from codeq.pipeline.verifier import round_stages as with_verifier
 
     return with_verifier(STAGES, config)

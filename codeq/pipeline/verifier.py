@@ -210,7 +210,8 @@ def _missing(ctx: StageContext) -> str | None:
     if not ctx.store.is_complete(prefix):
         if not ctx.config.verifier.enabled:
             return "verifier.enabled is false, so none was trained"
-        return f"its verifier stage has not finished ({ctx.store.describe(prefix)})"
+        # the key, not the store's location: eval/verifier.json is the same in every store
+        return f"its verifier stage has not finished (no {prefix}/_COMPLETE)"
     marker = ctx.store.marker(prefix)
     if not marker.get("trained", True):
         return f"none was trained: {marker.get('reason', 'nothing to learn from')}"
@@ -241,10 +242,10 @@ def required_verifier(ctx: StageContext, asked_by: str) -> Verifier | None:
     verifier, reason = available_verifier(ctx)
     if verifier is not None:
         return verifier
-    wanted = base_policy(ctx)
     if ctx.config.verifier.fallback == "critique":
         log(f"{asked_by} asks for a learned verifier but {reason}: the self-critique is used")
         return None
+    wanted = base_policy(ctx)  # only to name it: fingerprinting the base reads its files
     raise VerifierMissingError(
         f"round {ctx.layout.round} asks for a learned verifier on {wanted.describe()} "
         f"({asked_by}=verifier), but it has none: {reason}",
@@ -253,16 +254,17 @@ def required_verifier(ctx: StageContext, asked_by: str) -> Verifier | None:
     )
 
 
-def pairs_q_ai(ctx: StageContext, tasks_dir: Path) -> RewriteScorer | None:
+def pairs_q_ai(ctx: StageContext) -> RewriteScorer | None:
     """Q_ai from the round's verifier for the pairs stage (pairs.q_ai=verifier): the scores
-    its stage wrote of every rewrite (the model itself only for an output from before it did)."""
+    its stage wrote of every rewrite (the model itself only for an output from before it did;
+    None where the self-critique stands in, verifier.fallback)."""
     recorded = recorded_scores(ctx)
     if recorded is not None:
         return recorded
     verifier = required_verifier(ctx, "pairs.q_ai")
     if verifier is None:
         return None
-    tasks = {t.task_id: t for t in read_jsonl(tasks_dir / "train.jsonl", Task)}
+    tasks = {t.task_id: t for t in read_jsonl(download_tasks(ctx) / "train.jsonl", Task)}
 
     def score(trajectory: Trajectory, nodes: Any) -> list[float]:
         task = tasks.get(trajectory.task_id)

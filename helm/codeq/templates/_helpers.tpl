@@ -675,32 +675,32 @@ pod. The jobs reach the store with boto3 (S3 API) only.
 {{- end -}}
 
 {{/*
-The learned verifier (codeq/pipeline/verifier.py): with config.verifier.enabled every round runs
-the `verifier` stage between collect and pairs, as its own Job in the train image on
-stages.verifier's pool. Prints "true" when it does, nothing otherwise.
+The learned verifier (codeq/pipeline/verifier.py): unless config.verifier.enabled is false (codeq's
+default is true) every round runs the `verifier` stage between collect and pairs, as its own Job
+in the train image on stages.verifier's pool. Prints "true" when it does, nothing otherwise.
 */}}
 {{- define "codeq.verifierEnabled" -}}
-{{- if dig "verifier" "enabled" false (.Values.config | default dict) -}}true{{- end -}}
+{{- if dig "verifier" "enabled" true (.Values.config | default dict) -}}true{{- end -}}
 {{- end -}}
 
 {{/*
 Verifier settings that cannot work fail `helm install` with one line naming the value, not a
 stage hours into a round: a stage that asks for a verifier no stage trains, a verifier without
-the GPU its config trains on, a pairs stage that would load it on a GPU it does not have, and a
-verifier that would have to run programs in a sandbox its image does not hold.
+the GPU its config trains on, and a verifier that would have to run programs in a sandbox its
+image does not hold. (Pairs reads the scores the verifier stage wrote: no GPU of its own.)
 */}}
 {{- define "codeq.validateVerifier" -}}
 {{- $config := .Values.config | default dict -}}
 {{- $enabled := include "codeq.verifierEnabled" . -}}
 {{- $device := dig "policy" "device" "auto" $config -}}
-{{- $fallback := dig "verifier" "fallback" "error" $config -}}
+{{- $fallback := dig "verifier" "fallback" "critique" $config -}}
 {{- range .Values.jobs.extraEnv -}}
 {{- if eq .name "CODEQ_VERIFIER__ENABLED" -}}
 {{- fail "jobs.extraEnv sets CODEQ_VERIFIER__ENABLED: the chart decides from config.verifier.enabled whether rounds run the verifier stage; set it there" -}}
 {{- end -}}
 {{- end -}}
 {{- range $key := list "pairs.q_ai" "evaluate.tie_break" -}}
-{{- $asked := dig (splitList "." $key | first) (splitList "." $key | last) "critique" $config -}}
+{{- $asked := dig (splitList "." $key | first) (splitList "." $key | last) "verifier" $config -}}
 {{- if and (eq $asked "verifier") (not $enabled) (ne $fallback "critique") -}}
 {{- fail (printf "config.%s=verifier asks for the round's learned verifier, but config.verifier.enabled is not true, so no verifier stage trains one and that stage would stop (config.verifier.fallback=%s); set config.verifier.enabled=true, or config.verifier.fallback=critique" $key $fallback) -}}
 {{- end -}}
@@ -711,9 +711,6 @@ verifier that would have to run programs in a sandbox its image does not hold.
 {{- end -}}
 {{- if and (eq (dig "search" "reward_tests" "all" $config) "visible") (ne (dig "sandbox" "backend" "auto" $config) "subprocess") -}}
 {{- fail "config.search.reward_tests=visible with config.verifier.enabled: the verifier stage would label collect's programs by running them on all tests in the sandbox, but it runs in the train image, which has no runsc; collect with config.search.reward_tests=all, which labels every program" -}}
-{{- end -}}
-{{- if and (eq (dig "pairs" "q_ai" "critique" $config) "verifier") (eq $device "cuda") (eq (int .Values.stages.pairs.gpus) 0) -}}
-{{- fail "stages.pairs.gpus=0 but config.pairs.q_ai=verifier: pairs then scores every rewrite with the verifier on config.policy.device=cuda; give pairs a GPU (stages.pairs.pool=infer, gpus=1) and /scratch for the base model (docs/cluster.md, ci/verifier-values.yaml)" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
