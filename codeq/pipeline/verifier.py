@@ -80,7 +80,8 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
         written, trajectories, tasks = round_programs(round_context(ctx, number), indexes)
         programs += written
         writers.update((t.policy.id, t.policy) for t in trajectories if t.policy is not None)
-    # the last round read is this one: the rewrites pairs takes Q_ai for
+        if number == ctx.layout.round:  # this round's rewrites: those pairs takes Q_ai for
+            own_trajectories, own_tasks = trajectories, tasks
     programs = distinct_programs(programs)
     if any(item.passed is None for item in programs):
         from codeq.sandbox import Sandbox
@@ -119,7 +120,7 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
     write_json(folder / "metrics.json", metrics)
     verifier = Verifier.load(folder, ctx.config, base)
     ctx.engines[f"verifier:{prefix}"] = verifier  # a local round's later stages use it as it is
-    scores = rewrite_scores(verifier, trajectories, tasks)
+    scores = rewrite_scores(verifier, own_trajectories, own_tasks)
     write_json(folder / SCORES, scores)
     ctx.store.put_dir(prefix, folder)
     info = {
