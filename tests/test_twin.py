@@ -21,6 +21,7 @@ STAGE_OUTPUTS = [
     "tasks",
     "trajectories/shard-0",
     "trajectories/shard-1",
+    "verifier",
     "pairs",
     "adapter",
     "eval-shards/shard-0",
@@ -109,13 +110,13 @@ def test_two_rounds_in_one_submission_run_through_the_charts_job_specs_and_leave
     assert not any(name.endswith(("-promote", "-report")) for name in failed)
     # The resubmission resumed round 0: what had finished was skipped, not recomputed.
     assert (outcome["run"], outcome["round"], outcome["rounds"]) == ("twin", "0", ["0", "1"])
-    stages = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
+    stages = ["prepare", "collect", "verifier", "pairs", "train", "evaluate", "promote", "report"]
     workflow = outcome["workflow"]
     assert jobs == [
         *failed,
         *(f"{workflow}-r{number}-{stage}" for number in (0, 1) for stage in stages),
     ]
-    for stage in ("prepare", "pairs", "train"):
+    for stage in ("prepare", "verifier", "pairs", "train"):
         (resumed,) = logs[f"{workflow}-r0-{stage}"]
         assert f"{stage}: already complete at" in resumed, (stage, resumed[-500:])
     for number in (0, 1):
