@@ -363,11 +363,8 @@ class Curve:
 
     def ctx(self, round_number: int, run: str | None = None, config: Any = None) -> Any:
         config = self.round_rule(round_number, config or self.config)
-        store_config = config.store.model_copy(
-            update={"round": round_number, "run": run or self.run}
-        )
         return self.context(
-            config=config.model_copy(update={"store": store_config}),
+            config=config.as_round(round_number, run or self.run),
             store=self.store,
             scratch=self.args.out / "work" / (run or self.run),
             engines=self.engines,

@@ -676,6 +676,13 @@ class CodeQConfig(BaseSettings):
                 raise ConfigError(f"invalid config: {key}: {error['msg']}") from None
         return self.model_copy(update=update)
 
+    def as_round(self, number: int, run: str | None = None) -> CodeQConfig:
+        """The same settings as round `number` (of run `run`, default this one): the store
+        keys that round reads and writes. Its config is not validated again, since only where
+        it lives changes."""
+        store = {"round": number} if run is None else {"round": number, "run": run}
+        return self.model_copy(update={"store": self.store.model_copy(update=store)})
+
     @model_validator(mode="after")
     def _check_cross_section(self) -> CodeQConfig:
         if self.train.lora_alpha < self.train.lora_r // 4:

@@ -192,3 +192,16 @@ def test_dump_round_trips(tmp_path):
     path = tmp_path / "dumped.yaml"
     path.write_text(dump_config(config))
     assert load_config(path) == config
+
+
+def test_a_config_as_another_round_changes_where_it_lives_and_nothing_else():
+    config = load_config(
+        None, {"store": {"run": "lr-sweep", "round": 2}, "search": {"rollouts": 3}}
+    )
+    later = config.as_round(5)
+    other = config.as_round(0, run="baseline")
+    assert (later.store.run, later.store.round) == ("lr-sweep", 5)
+    assert (other.store.run, other.store.round) == ("baseline", 0)
+    assert later.model_dump(exclude={"store"}) == config.model_dump(exclude={"store"})
+    assert later.store.model_dump(exclude={"round"}) == config.store.model_dump(exclude={"round"})
+    assert config.store.round == 2  # the original is left as it was

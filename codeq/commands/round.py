@@ -120,9 +120,7 @@ def command(
     check_inputs(config)
     if round_number is None:
         number = next_round(open_store(config.store), run)
-        config = config.model_copy(
-            update={"store": config.store.model_copy(update={"round": number})}
-        )
+        config = config.as_round(number)
     announce_settings(config)
     summary = run_round(config, out, source=config.tasks.source, force=force, progress=progress)
     echo_round(summary)

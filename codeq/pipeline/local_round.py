@@ -151,11 +151,10 @@ def run_rounds(
             )
             stopped = True
             break
-        round_config = config.model_copy(
-            update={"store": config.store.model_copy(update={"round": number})}
-        )
         summaries.append(
-            run_round(round_config, out_dir, source=source, engines=engines, progress=progress)
+            run_round(
+                config.as_round(number), out_dir, source=source, engines=engines, progress=progress
+            )
         )
     return RoundsOutcome(
         summaries=summaries,

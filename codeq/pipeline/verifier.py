@@ -139,8 +139,7 @@ def verifier_stage(ctx: StageContext) -> dict[str, Any]:
 
 def round_context(ctx: StageContext, number: int) -> StageContext:
     """`ctx` as round `number` of the same run: its keys and its own scratch folders."""
-    store = ctx.config.store.model_copy(update={"round": number})
-    return replace(ctx, config=ctx.config.model_copy(update={"store": store}))
+    return replace(ctx, config=ctx.config.as_round(number))
 
 
 def learned_shards(ctx: StageContext, prefix: str, keeping: bool) -> dict[int, list[int]]:
