@@ -40,6 +40,7 @@ SETTINGS = {
         "precision": "fp32",
         "max_length": 1024,
     },
+    "verifier": {"max_length": 256},  # the builtin tasks' programs whole, and less compute
     "evaluate": {"modes": ["full_rewrite"], "max_tasks": 2},
     "promotion": {"max_tasks": 2},
 }
@@ -81,13 +82,9 @@ def logits_of(engine, text: str):
 
 @pytest.mark.slow
 def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, monkeypatch):
-    # The self-critique breaks ties: each round's learned verifier is new (it learns from the
-    # run's rounds so far), so under it round 1 answers its incumbent's trees anew, where the
-    # critique's answers are round 0's and its trees are reused as they are (checked below).
-    critique = {"evaluate": {**SETTINGS["evaluate"], "tie_break": "critique"}}
     config = load_config(
         LOCAL_ROUND_PRESET,
-        {**SETTINGS, **critique, "store": {"uri": f"file://{tmp_path / 'store'}", "run": "chain"}},
+        {**SETTINGS, "store": {"uri": f"file://{tmp_path / 'store'}", "run": "chain"}},
     )
     store = open_store(config.store)
     seen: list = []
@@ -102,9 +99,7 @@ def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, mo
     engines: dict = {}
 
     def round_config(number: int):
-        return config.model_copy(
-            update={"store": config.store.model_copy(update={"round": number})}
-        )
+        return config.as_round(number)
 
     # a round whose predecessor has not finished is refused before any work
     with pytest.raises(RoundOrderError, match="round 1 of run 'chain' cannot start: round 0"):
@@ -156,7 +151,10 @@ def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, mo
     round1_decision = store.get_json(round1.stage("promote") + "/decision.json")
     assert Lineage.model_validate(round1_decision["incumbent"]) == candidate
     # round 1's incumbent is round 0's candidate: its trees are reused (the same wall seconds
-    # recorded per tree, which a second search could not reproduce), its programs scored again
+    # recorded per tree, which a second search could not reproduce), though round 1's verifier
+    # is not round 0's (it breaks ties by default): answered by it, its programs scored again
+    for layout in (round0, round1):
+        assert store.get_json(layout.stage("eval") + "/verifier.json")["tie_break"] == "verifier"
     for split in ("validation", "test"):
         searched = f"candidate/{split}/trajectories-full_rewrite.jsonl"
         reused = f"incumbent/{split}/trajectories-full_rewrite.jsonl"

@@ -303,6 +303,54 @@ def test_the_verifier_chooses_among_answers_tied_on_the_visible_tests(
     assert "– over 0 passing/failing pairs" in (report.parent / "report.md").read_text()
 
 
+class SearchesNothing:
+    """An engine for trees that must be read, not searched: any request fails the test."""
+
+    name = "two-answers"  # the engine the trees were searched with
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        raise AssertionError(f"searched again: {len(requests)} request(s)")
+
+
+def test_trees_searched_under_another_tie_break_are_answered_again_not_searched(
+    trained_round, tiny_model_dir
+):
+    """What an incumbent's evaluation meets each round: its trees were searched when another
+    scorer (the critique, or last round's verifier) broke ties. Best-of-N's trees do not depend
+    on the tie-break, so they are reused and this round's verifier chooses their answers."""
+    from codeq.evaluate import evaluate
+    from codeq.evaluate.run import is_resume_file
+
+    store, root, _ = trained_round
+    earlier, later = root / "eval-reuse" / "critique", root / "eval-reuse" / "verifier"
+    _, critique = evaluate_bon(store, root, tiny_model_dir, earlier, tie_break="critique")
+    assert critique.modes["bon"].solved == 0
+    later.mkdir(parents=True)
+    for path in earlier.iterdir():
+        if is_resume_file(path.name):
+            shutil.copy(path, later / path.name)
+    ctx = context(
+        store,
+        root / "scratch",
+        tiny_model_dir,
+        search={"rollouts": 1, "rewrites_per_expansion": 1, "bon_samples": 2},
+        evaluate={"modes": ["bon"], "rollout_ablation": [1], "tie_break": "verifier"},
+    )
+    results = evaluate(
+        root / "tasks" / "validation.jsonl",
+        later,
+        ctx.config,
+        engine=SearchesNothing(),
+        tie_break=evaluation_tie_break(ctx),
+    )
+    assert results.modes["bon"].solved == len(VALIDATION)
+    before = read_jsonl(earlier / "trajectories-bon.jsonl", Trajectory)
+    after = read_jsonl(later / "trajectories-bon.jsonl", Trajectory)
+    assert [t.nodes for t in after] == [t.nodes for t in before]  # the same trees
+    for tree in after:  # each answered by the verifier: the sum, not the constant
+        assert "a + b" in tree.nodes[tree.final_node].program
+
+
 def test_a_round_without_its_verifier_stops_naming_the_lineage(tmp_path, tiny_model_dir):
     store = collected_store(tmp_path, tiny_model_dir)
     ctx = context(

@@ -53,6 +53,9 @@ ANY_NODE_LABEL = (
     "which scores the one program the search returns."
 )
 SINGLE_ANSWER_MODES: tuple[EvalMode, ...] = ("zero_shot", "full_rewrite")
+# the modes whose trees follow the tie-break's choices (each turn refines the one it picks);
+# every other mode's tree is the same under any tie-break, which only chooses its answer
+STEERED_BY_TIE_BREAK: frozenset[str] = frozenset({"mt_bon"})
 SAMPLES_SUFFIX = "-samples"  # trajectories-<mode>-samples.jsonl: a mode's sampled answers
 
 
@@ -287,7 +290,23 @@ class _Evaluation:
                 tie_break=self.tie_break,
             )
 
-        return self._resumable(mode, self._resume_key(mode, rollouts), run)
+        trajectories, seconds = self._resumable(mode, self._resume_key(mode, rollouts), run)
+        if mode not in STEERED_BY_TIE_BREAK:
+            trajectories = self._answered(trajectories)
+        return trajectories, seconds
+
+    def _answered(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Each tree with the answer this evaluation's tie-break chooses: a tree searched
+        before (under another round's verifier, or another evaluation's) is answered again,
+        not searched again. The trees are in self.tasks' order."""
+        answered = []
+        for task, trajectory in zip(self.tasks, trajectories, strict=True):
+            nodes = trajectory.nodes
+            answer = final_answer(nodes[1:], nodes[0], task, self.tie_break)
+            if answer.id != trajectory.final_node:
+                trajectory = trajectory.model_copy(update={"final_node": answer.id})
+            answered.append(trajectory)
+        return answered
 
     def _resumable(
         self,
@@ -396,7 +415,7 @@ class _Evaluation:
 
     def _resume_key(self, mode: str, rollouts: int | None, samples: int | None = None) -> str:
         """What must match for searched trees to be reused: policy, search settings, mode (and
-        the number of sampled answers)."""
+        the number of sampled answers; the tie-break only where it steers the search)."""
         described: dict[str, Any] = {
             "mode": mode,
             "split": self.split,
@@ -412,7 +431,8 @@ class _Evaluation:
         }
         if samples is not None:  # only sampled answers' keys have it: earlier keys are unchanged
             described["samples"] = samples
-        if self.tie_break is not critique_tie_break:  # likewise: another tie-break's trees differ
+        steered = mode in STEERED_BY_TIE_BREAK
+        if steered and self.tie_break is not critique_tie_break:  # another's trees differ
             tie_break = self.tie_break
             described["tie_break"] = getattr(tie_break, "__qualname__", type(tie_break).__name__)
         encoded = json.dumps(described, sort_keys=True).encode()

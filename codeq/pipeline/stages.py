@@ -640,7 +640,9 @@ def _carry_over_searches(ctx: StageContext, policy: Lineage, split: Split, out_d
     evaluated (last round's promoted candidate, or the incumbent it kept), and searching it
     again would repeat the same seeded generation. Each mode's resume key (policy, model and
     search settings) still decides what is used, so a changed setting searches afresh; tasks the
-    earlier trees lack are searched; every returned program is scored again."""
+    earlier trees lack are searched; each tree is answered again by this round's tie-break (a
+    verifier learned this round chooses among the earlier round's rewrites) except where that
+    tie-break steered the search (multi-turn best-of-N), and every answer is scored again."""
     from codeq.evaluate.run import is_resume_file
 
     if out_dir.is_dir() and any(is_resume_file(path.name) for path in out_dir.iterdir()):
@@ -664,7 +666,8 @@ def _carry_over_searches(ctx: StageContext, policy: Lineage, split: Split, out_d
                     ctx.store.get_verified_file(prefix, relative, out_dir / name)
             log(
                 f"evaluate: round {number} searched this policy on the {split} tasks as its "
-                f"{role}; its trees are reused where the search settings match, and scored again"
+                f"{role}; its trees are reused where the search settings match, answered by this "
+                "round's tie-break and scored again"
             )
             return
 
