@@ -159,11 +159,12 @@ def test_ctrl_c_in_collect_and_sigterm_in_train_of_a_real_round_then_a_rerun_res
     # one task at a time, so SIGINT lands mid-collect; every gap a pair, so train has pairs to
     # train on; two tasks each for evaluate and promotion (the rerun's last stages are not what
     # this test is about, and all the validation tasks cost a minute and a half); one DPO step
-    # (the rerun's training is not what it is about either)
+    # (the rerun's training is not what it is about either); the verifier reads 256 tokens,
+    # the builtin tasks' programs whole
     settings = tmp_path / "settings.yaml"
     settings.write_text(
         "search:\n  parallel_trees: 1\npairs:\n  min_value_gap: 0.0\n"
-        "train:\n  max_steps: 1\n"
+        "train:\n  max_steps: 1\nverifier:\n  max_length: 256\n"
         "evaluate:\n  max_tasks: 2\npromotion:\n  max_tasks: 2\n"
     )
     argv = ["round", "-c", str(settings), "-o", str(out), "--model", str(smollm2_dir)]
