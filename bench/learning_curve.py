@@ -247,6 +247,7 @@ def curve_settings(args: argparse.Namespace) -> dict[str, Any]:
             "rollout_ablation": [1, 2, 4, 8],
             "max_tasks": args.test_tasks,
             "tie_break": "critique",
+            "agreement_probes": 0,  # execution agreement came after every committed round
         },
         # The rule the curves began with: greedy answers, no guard mode (keys added since, at
         # the values that reproduce it), and the engine that generated every round so far.

@@ -1161,7 +1161,13 @@ def dotted(spec: str) -> int:
 
 
 def decision_ids(path: str) -> tuple[list[str], list[str], int]:
+    path, _, part = path.partition("#")
     data = read(path)
+    if part:  # bench/answer_selection.py: 'file#forest#index' names one of its comparisons
+        forest, index = part.split("#")
+        comparison = data["forests"][forest]["comparisons"][int(index)]
+        tasks = data["forests"][forest]["trees"]
+        return comparison["gained_tasks"], comparison["lost_tasks"], tasks
     if data.get("search_validation"):  # bench/verifier_auc.py: the answers its tie-break chose
         answers = next(iter(data["search_validation"]["answers"].values()))
         return answers["gained"], answers["lost"], answers["tasks"]
@@ -1403,6 +1409,55 @@ def verifier_entries() -> list[Entry]:
     return found
 
 
+ANSWER_SELECTION = "answer-selection/"
+
+
+def answer_selection_entries() -> list[Entry]:
+    """One entry per comparison of each bench/answer_selection.py run: a search's validation
+    answers chosen again with execution agreement before a scorer, against that scorer alone
+    (the verifier against the critique, recomputed beside them, is the verifier decision's
+    comparison and counted there). The one its declared rule reads (best-of-16,
+    agreement then the verifier against the verifier) decided `evaluate.agreement_probes`."""
+    from curve_figure import p_text
+
+    found = []
+    for path in sorted((RESULTS / ANSWER_SELECTION).glob("*.json")):
+        name = path.relative_to(RESULTS).as_posix()
+        run = read(name)
+        for forest, measured in run["forests"].items():
+            for index, comparison in enumerate(measured["comparisons"]):
+                if (comparison["baseline"], comparison["other"]) == ("critique", "verifier"):
+                    continue  # the verifier decision's own comparison, counted by its entry
+                gained, lost = comparison["gained"], comparison["lost"]
+                decided = forest == "bon" and comparison["baseline"] == "verifier"
+                adopted = bool(run["decision"] and run["decision"]["adopt"])
+                found.append(
+                    e(
+                        f"V{measured['trees']}-select-{path.stem}-{forest}-{index}",
+                        "validation",
+                        measured["trees"],
+                        run["date"],
+                        f"{forest}'s answers chosen again: {comparison['other']} vs "
+                        f"{comparison['baseline']}",
+                        (gained, lost),
+                        p=p_text(one_sided_mcnemar(gained, lost))
+                        if gained >= lost
+                        else "worse " + p_text(one_sided_mcnemar(lost, gained)),
+                        role="decided" if decided else "",
+                        outcome=(
+                            f"`evaluate.agreement_probes` {run['args']['probes']}"
+                            if adopted
+                            else "agreement stays off"
+                        )
+                        if decided
+                        else "",
+                        where="results/answer-selection/README.md",
+                        decision=(f"{name}#{forest}#{index}",),
+                    )
+                )
+    return found
+
+
 def ledger() -> list[Entry]:
     return (
         LEDGER
@@ -1410,6 +1465,7 @@ def ledger() -> list[Entry]:
         + defaults_test_measurement()
         + search_modes_entries()
         + verifier_entries()
+        + answer_selection_entries()
     )
 
 
@@ -1494,7 +1550,7 @@ def referenced(entries: list[Entry]) -> set[str]:
     for entry in entries:
         for spec in entry.first + entry.second:
             used.add(re.split(r"[:#]", spec)[0])
-        used.update(entry.decision)
+        used.update(spec.split("#")[0] for spec in entry.decision)
         if entry.counts:
             used.update(spec.split("@")[0] for spec in entry.counts)
     return used
@@ -1513,7 +1569,7 @@ def result_files() -> list[str]:
             continue
         per_task = "task_ids" in data and "modes" in data
         decision = "comparisons" in data or ("validation" in data and "promoted" in data)
-        decision = decision or bool(data.get("search_validation"))
+        decision = decision or bool(data.get("search_validation")) or "forests" in data
         if per_task or decision or "runs" in data and "table" in data:
             found.append(path.relative_to(RESULTS).as_posix())
     return found

@@ -183,6 +183,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "train.checkpoint_every_s": 600.0,  # checkpoints never change what train computes
     "pairs.q_ai": "critique",
     "evaluate.tie_break": "critique",
+    "evaluate.agreement_probes": 0,
     "verifier.enabled": False,
     "verifier.fallback": "error",
     "verifier.lora_r": 16,
@@ -428,6 +429,16 @@ class EvaluateConfig(Section):
         description="What chooses the answer among rewrites that pass as many visible tests, in "
         "every mode and on both splits: the self-critique, or the round's learned verifier "
         "(needs verifier.enabled, see verifier.fallback).",
+    )
+    agreement_probes: int = Field(
+        8,
+        ge=0,
+        le=64,
+        description="Execution agreement before evaluate.tie_break: where two or more distinct "
+        "programs pass the most visible tests, each runs on this many probe inputs (made like "
+        "hidden-test inputs, from another seed, with no expected output) and the behaviour "
+        "most tied rewrites share is answered; evaluate.tie_break orders equal groups. 0: off "
+        "(docs/results/answer-selection: 8 lost none of the tasks the verifier alone solved).",
     )
 
 

@@ -203,6 +203,13 @@ class _Evaluation:
         self.bon_sizes = sorted(sizes)
 
     def all_modes(self, sandbox: Any) -> EvalResults:
+        probes = self.config.evaluate.agreement_probes
+        if probes:  # it runs programs, so it is made where the sandbox is
+            from codeq.search.agreement import AgreementTieBreak
+
+            self.tie_break = AgreementTieBreak(
+                sandbox, probes, self.config.search.seed, then=self.tie_break
+            )
         modes = list(dict.fromkeys(self.config.evaluate.modes))
         results = EvalResults(
             model=self.config.policy.model,

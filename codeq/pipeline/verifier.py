@@ -329,6 +329,8 @@ def record_evaluation(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict
     asked = ctx.config.evaluate.tie_break
     chose = "verifier" if asked == "verifier" and verifier is not None else "critique"
     record: dict[str, Any] = {"tie_break": chose, "tie_break_asked": asked, "missing": reason}
+    if ctx.config.evaluate.agreement_probes:  # absent at 0, as in records made before it
+        record["agreement_probes"] = ctx.config.evaluate.agreement_probes
     if verifier is not None:
         record["verifier"] = verifier.info.model_dump(mode="json")
         validation = tasks_dir / "validation.jsonl"

@@ -155,6 +155,7 @@ def verifier_summary(record: dict[str, Any]) -> dict[str, Any]:
         "tie_break": record.get("tie_break"),
         "tie_break_asked": record.get("tie_break_asked"),
         "missing": record.get("missing"),
+        "agreement_probes": record.get("agreement_probes"),
         "id": (info.get("adapter_sha256") or "")[:12] or None,
         "heldout_auc": info.get("heldout_auc"),
         "programs": info.get("programs") or {},

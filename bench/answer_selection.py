@@ -1,0 +1,240 @@
+"""How a search's final answer is chosen among rewrites tied on the visible tests, measured on
+committed validation trees: the self-critique (the search's own choice), the learned verifier
+(its committed scores), and execution agreement before each (`codeq.search.agreement`: the tied
+programs run on probe inputs made like hidden-test inputs from another seed, the behaviour most
+tied rewrites share first). Every chosen answer is scored on all its task's tests. Nothing is
+searched and no model is loaded; reads a store's tasks, never writes it.
+
+    python bench/answer_selection.py --store /work/curve-defaults/store \
+        --trees docs/results/search-modes/base-trees \
+        --scores docs/results/verifier/pairwise-rounds-0-6/scores.jsonl.xz \
+        --json docs/results/answer-selection/qwen-0.5b-validation.json
+
+--trees is a folder of `trajectories-<mode>.partial.jsonl.xz` (or .jsonl) files, one forest
+per mode; the verifier's selectors run on a forest only where every tied program has a score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from codeq.schemas import Task, Trajectory  # noqa: E402
+from codeq.search.tree import TieBreak, critique_tie_break, final_answer, reward_of  # noqa: E402
+
+# Declared before the first run (docs/results/answer-selection/README.md): agreement becomes
+# the evaluation's default tie-break, before the verifier, if on best-of-16's validation trees
+# "agreement, then verifier" solves more tasks than the verifier alone (gained > lost).
+RULE = (
+    "agreement before the verifier becomes evaluate's default if, on best-of-16's validation "
+    "trees, it solves more tasks than the verifier alone (gained > lost)"
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, required=True, help="a local store folder")
+    parser.add_argument("--run", default="curve-lr0.0001", help="the run whose tasks to read")
+    parser.add_argument("--round", type=int, default=0, help="the round whose tasks to read")
+    parser.add_argument("--trees", type=Path, required=True, help="folder of committed trees")
+    parser.add_argument("--scores", type=Path, help="a verifier's kept scores (xz JSON Lines)")
+    parser.add_argument("--probes", type=int, default=8, help="probe inputs per task")
+    parser.add_argument("--seed", type=int, default=0, help="probe inputs' seed")
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers")
+    parser.add_argument("--json", type=Path, required=True, help="where the result goes")
+    return parser.parse_args(argv)
+
+
+def read_forest(path: Path) -> list[Trajectory]:
+    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+    return [Trajectory.model_validate_json(line) for line in raw.decode().splitlines() if line]
+
+
+def forests(folder: Path) -> dict[str, list[Trajectory]]:
+    """mode -> its trees, from trajectories-<mode>[.partial].jsonl[.xz]."""
+    found = {}
+    for path in sorted(folder.glob("trajectories-*.jsonl*")):
+        mode = path.name.removeprefix("trajectories-").split(".")[0]
+        found[mode] = read_forest(path)
+    return found
+
+
+class KeptScores:
+    """A verifier's committed scores as a verifier: `score` looks each (task, program) up by
+    the key bench/verifier_auc.py keeps it under; one it lacks raises KeyError."""
+
+    def __init__(self, path: Path) -> None:
+        lines = lzma.decompress(path.read_bytes()).decode().splitlines()
+        self.scores = {row["key"]: row["score"] for row in map(json.loads, lines)}
+        self.id = f"kept-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+
+    @staticmethod
+    def key(task: Task, program: str) -> str:
+        return hashlib.sha256(f"{task.task_id}\0{program}".encode()).hexdigest()
+
+    def score(self, items: list[tuple[Task, str]]) -> list[float]:
+        return [self.scores[self.key(task, program)] for task, program in items]
+
+    def covers(self, task: Task, programs: list[str]) -> bool:
+        return all(self.key(task, program) in self.scores for program in programs)
+
+
+def tied_programs(tree: Trajectory) -> list[str]:
+    """The distinct programs of the valid tested rewrites at the top of the visible tests."""
+    nodes = [node for node in tree.nodes[1:] if node.valid and node.verdict is not None]
+    if not nodes:
+        return []
+    top = max(reward_of(node.verdict) for node in nodes)
+    return sorted({node.program for node in nodes if reward_of(node.verdict) == top})
+
+
+def answers(trees: list[Trajectory], tasks: dict[str, Task], tie_break: TieBreak) -> dict:
+    """task id -> the program the tree returns when `tie_break` breaks ties."""
+    chosen = {}
+    for tree in trees:
+        task = tasks[tree.task_id]
+        chosen[tree.task_id] = final_answer(tree.nodes[1:], tree.nodes[0], task, tie_break).program
+    return chosen
+
+
+def compare(solved: dict[str, dict[str, bool]], baseline: str, other: str) -> dict[str, Any]:
+    from codeq.promotion import one_sided_mcnemar
+
+    gained = sorted(t for t in solved[baseline] if solved[other][t] and not solved[baseline][t])
+    lost = sorted(t for t in solved[baseline] if solved[baseline][t] and not solved[other][t])
+    return {
+        "baseline": baseline,
+        "other": other,
+        "gained": len(gained),
+        "lost": len(lost),
+        "p_better": one_sided_mcnemar(len(gained), len(lost)),
+        "p_worse": one_sided_mcnemar(len(lost), len(gained)),
+        "gained_tasks": gained,
+        "lost_tasks": lost,
+    }
+
+
+def measure_forest(
+    mode: str,
+    trees: list[Trajectory],
+    tasks: dict[str, Task],
+    verifier: KeptScores | None,
+    sandbox: Any,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Every selector's answers on one forest, each scored on all its task's tests, with the
+    tasks some tied program solves (solvable) and each selector's losses among them."""
+    from codeq.search.agreement import AgreementTieBreak
+    from codeq.tasks import score_programs
+    from codeq.verifier import VerifierTieBreak
+
+    trees = [tree for tree in trees if tree.task_id in tasks]
+    tied = {tree.task_id: tied_programs(tree) for tree in trees}
+    items = [(tasks[t], program) for t, programs in tied.items() for program in programs]
+    verdicts = score_programs(items, "all", sandbox)
+    passed = {
+        (task.task_id, program): verdict.passed
+        for (task, program), verdict in zip(items, verdicts, strict=True)
+    }
+    solvable = sorted(t for t, programs in tied.items() if any(passed[(t, p)] for p in programs))
+    selectors: dict[str, TieBreak] = {"critique": critique_tie_break}
+    agreement_critique = AgreementTieBreak(sandbox, args.probes, args.seed, critique_tie_break)
+    selectors["agreement+critique"] = agreement_critique
+    scored = verifier is not None and all(  # a single tied program is never scored
+        verifier.covers(tasks[t], programs) for t, programs in tied.items() if len(programs) > 1
+    )
+    if scored:
+        assert verifier is not None
+        selectors["verifier"] = VerifierTieBreak(verifier)  # type: ignore[arg-type]
+        selectors["agreement+verifier"] = AgreementTieBreak(
+            sandbox, args.probes, args.seed, selectors["verifier"]
+        )
+    solved: dict[str, dict[str, bool]] = {}
+    for name, tie_break in selectors.items():
+        chosen = answers(trees, tasks, tie_break)
+        solved[name] = {t: passed.get((t, program), False) for t, program in chosen.items()}
+    result: dict[str, Any] = {
+        "trees": len(trees),
+        "tied_tasks": sum(len(programs) >= 2 for programs in tied.values()),
+        "probed_tasks": agreement_critique.probed,
+        "tasks_without_probes": len(agreement_critique.no_probes),
+        "solvable": len(solvable),
+        "verifier_scores": scored,
+        "selectors": {
+            name: {
+                "solved": sum(values.values()),
+                "lost_among_solvable": sum(not values[t] for t in solvable),
+            }
+            for name, values in solved.items()
+        },
+        "comparisons": [compare(solved, "critique", "agreement+critique")],
+        "per_task": {
+            name: sorted(t for t, ok in values.items() if ok) for name, values in solved.items()
+        },
+    }
+    if scored:
+        result["comparisons"].append(compare(solved, "verifier", "agreement+verifier"))
+        result["comparisons"].append(compare(solved, "critique", "verifier"))
+    return result
+
+
+def decision(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The declared rule (RULE) applied to best-of-16's forest; None without its verifier."""
+    bon = results.get("bon")
+    if bon is None or not bon["verifier_scores"]:
+        return None
+    (against,) = [c for c in bon["comparisons"] if c["baseline"] == "verifier"]
+    adopt = against["gained"] > against["lost"]
+    return {
+        "rule": RULE,
+        "adopt": adopt,
+        "gained": against["gained"],
+        "lost": against["lost"],
+        "p_better": against["p_better"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from codeq.config import SandboxConfig
+    from codeq.sandbox import Sandbox
+    from codeq.schemas import read_jsonl
+
+    args = parse_args(argv)
+    started = time.perf_counter()
+    path = args.store / "runs" / args.run / f"round-{args.round}" / "tasks" / "validation.jsonl"
+    tasks = {task.task_id: task for task in read_jsonl(path, Task)}
+    verifier = KeptScores(args.scores) if args.scores else None
+    results = {}
+    with Sandbox(SandboxConfig(workers=args.workers)) as sandbox:
+        for mode, trees in forests(args.trees).items():
+            results[mode] = measure_forest(mode, trees, tasks, verifier, sandbox, args)
+            print(f"{mode}: {json.dumps(results[mode]['selectors'])}", flush=True)
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "python bench/answer_selection.py "
+        + shlex.join(sys.argv[1:] if argv is None else argv),
+        "args": {key: str(value) for key, value in vars(args).items()},
+        "tasks": len(tasks),
+        "forests": results,
+        "decision": decision(results),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=1) + "\n")
+    if record["decision"] is not None:
+        print(f"decision (declared rule): adopt = {record['decision']['adopt']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Execution agreement as a tie-break: among the rewrites that pass the most reward tests, the
+behaviour most of them share on probe inputs comes first (`codeq.tasks.probes`), and another
+tie-break (the learned verifier, or the self-critique) orders what agreement leaves tied."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from codeq.schemas import Node, Task
+from codeq.search.tree import TieBreak, critique_tie_break, reward_of
+from codeq.tasks.probes import behaviour_groups, behaviours, probe_calls
+
+if TYPE_CHECKING:
+    from codeq.sandbox import Sandbox
+
+
+def squash(score: float) -> float:
+    """Any real score mapped into (0, 1), order kept: what keeps `then`'s scores below one
+    agreeing program's worth."""
+    return 0.5 + math.atan(score) / math.pi
+
+
+class AgreementTieBreak:
+    """A `codeq.search.tree.TieBreak`. Where two or more distinct programs pass the most reward
+    tests, each is run on `probes` probe inputs of its task, and a rewrite's score is how many
+    of those tied rewrites (repeated samples counted, as AlphaCode counts a cluster) answered
+    every probe as it did, plus `then`'s score squashed into (0, 1): agreement decides, `then`
+    orders equal groups and breaks ties inside one. Elsewhere `then` alone. Each task's tied
+    set is run once, however often the evaluation's budgets ask again."""
+
+    def __init__(
+        self, sandbox: Sandbox, probes: int, seed: int, then: TieBreak = critique_tie_break
+    ) -> None:
+        self.sandbox, self.probes, self.seed, self.then = sandbox, probes, seed, then
+        self.decided = 0  # calls in which agreement ranked two or more distinct programs
+        self.probed = 0  # of them, the calls whose task had probe inputs
+        self.cache: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}  # -> group
+        self.no_probes: set[str] = set()  # tasks whose examples give no probe input
+        then_name = getattr(then, "__qualname__", type(then).__name__)
+        # names it in evaluation resume keys (codeq.evaluate.run reads a tie-break's qualname)
+        self.__qualname__ = f"agreement-{probes}-{seed}-{then_name}"
+
+    def __call__(self, task: Task, nodes: Sequence[Node]) -> list[float]:
+        inner = self.then(task, nodes)
+        if not nodes:
+            return inner
+        top = max(reward_of(node.verdict) for node in nodes)
+        tied = [node for node in nodes if reward_of(node.verdict) == top]
+        programs = tuple(sorted({node.program for node in tied}))
+        if len(programs) < 2:
+            return inner
+        self.decided += 1
+        agreeing = self.group_sizes(task, programs, [node.program for node in tied])
+        if agreeing is None:
+            return inner
+        self.probed += 1
+        return [
+            agreeing[node.program] + squash(score) if reward_of(node.verdict) == top else score
+            for node, score in zip(nodes, inner, strict=True)
+        ]
+
+    def group_sizes(
+        self, task: Task, programs: tuple[str, ...], samples: list[str]
+    ) -> dict[str, int] | None:
+        """program -> how many of `samples` (the tied rewrites' programs, repeats included)
+        behave as it does on the probes; None when the task has no probe inputs."""
+        key = (task.task_id, programs)
+        if key not in self.cache:
+            if task.task_id in self.no_probes:
+                return None
+            calls = probe_calls(task, self.probes, self.seed)
+            if not calls:
+                self.no_probes.add(task.task_id)
+                return None
+            answers = behaviours(task, programs, calls, self.sandbox)
+            check = task.visible_tests[0].check if task.visible_tests else {}
+            self.cache[key] = dict(zip(programs, behaviour_groups(answers, check), strict=True))
+        group_of = self.cache[key]
+        weight: dict[int, int] = {}
+        for program in samples:
+            weight[group_of[program]] = weight.get(group_of[program], 0) + 1
+        return {program: weight[group_of[program]] for program in programs}
