@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from codeq.schemas import Task, Trajectory  # noqa: E402
-from codeq.search.tree import TieBreak, critique_tie_break, final_answer, reward_of  # noqa: E402
+from codeq.search.tree import TieBreak, critique_tie_break, final_answer, tied_at_top  # noqa: E402
 
 # Declared before the first run (docs/results/answer-selection/README.md): agreement becomes
 # the evaluation's default tie-break, before the verifier, if on best-of-16's validation trees
@@ -92,10 +92,7 @@ class KeptScores:
 def tied_programs(tree: Trajectory) -> list[str]:
     """The distinct programs of the valid tested rewrites at the top of the visible tests."""
     nodes = [node for node in tree.nodes[1:] if node.valid and node.verdict is not None]
-    if not nodes:
-        return []
-    top = max(reward_of(node.verdict) for node in nodes)
-    return sorted({node.program for node in nodes if reward_of(node.verdict) == top})
+    return sorted({node.program for node in tied_at_top(nodes)})
 
 
 def answers(trees: list[Trajectory], tasks: dict[str, Task], tie_break: TieBreak) -> dict:

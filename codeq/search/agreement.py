@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from codeq.schemas import Node, Task
-from codeq.search.tree import TieBreak, critique_tie_break, reward_of
+from codeq.search.tree import TieBreak, critique_tie_break, tied_at_top
 from codeq.tasks.probes import behaviour_groups, behaviours, probe_calls
 
 if TYPE_CHECKING:
@@ -46,8 +46,7 @@ class AgreementTieBreak:
         inner = self.then(task, nodes)
         if not nodes:
             return inner
-        top = max(reward_of(node.verdict) for node in nodes)
-        tied = [node for node in nodes if reward_of(node.verdict) == top]
+        tied = tied_at_top(nodes)
         programs = tuple(sorted({node.program for node in tied}))
         if len(programs) < 2:
             return inner
@@ -56,8 +55,9 @@ class AgreementTieBreak:
         if agreeing is None:
             return inner
         self.probed += 1
+        at_top = {id(node) for node in tied}
         return [
-            agreeing[node.program] + squash(score) if reward_of(node.verdict) == top else score
+            agreeing[node.program] + squash(score) if id(node) in at_top else score
             for node, score in zip(nodes, inner, strict=True)
         ]
 

@@ -182,6 +182,14 @@ def reward_of(verdict: Verdict | None) -> float:
     return verdict.pass_fraction if verdict is not None else 0.0
 
 
+def tied_at_top(nodes: Sequence[Node]) -> list[Node]:
+    """The nodes that pass the most reward tests (what a tie-break chooses among)."""
+    if not nodes:
+        return []
+    top = max(reward_of(node.verdict) for node in nodes)
+    return [node for node in nodes if reward_of(node.verdict) == top]
+
+
 @dataclass
 class Tree:
     """The search over one task. Node 0 is the buggy program."""
