@@ -28,6 +28,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from verifier_auc import kept_score_key, read_kept_scores  # noqa: E402
 
 from codeq.schemas import Task, Trajectory  # noqa: E402
 from codeq.search.tree import TieBreak, critique_tie_break, final_answer, tied_at_top  # noqa: E402
@@ -69,24 +72,19 @@ def forests(folder: Path) -> dict[str, list[Trajectory]]:
     return found
 
 
-class KeptScores:
+class CommittedScores:
     """A verifier's committed scores as a verifier: `score` looks each (task, program) up by
     the key bench/verifier_auc.py keeps it under; one it lacks raises KeyError."""
 
     def __init__(self, path: Path) -> None:
-        lines = lzma.decompress(path.read_bytes()).decode().splitlines()
-        self.scores = {row["key"]: row["score"] for row in map(json.loads, lines)}
+        self.scores = read_kept_scores(path)
         self.id = f"kept-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
 
-    @staticmethod
-    def key(task: Task, program: str) -> str:
-        return hashlib.sha256(f"{task.task_id}\0{program}".encode()).hexdigest()
-
     def score(self, items: list[tuple[Task, str]]) -> list[float]:
-        return [self.scores[self.key(task, program)] for task, program in items]
+        return [self.scores[kept_score_key(task, program)] for task, program in items]
 
     def covers(self, task: Task, programs: list[str]) -> bool:
-        return all(self.key(task, program) in self.scores for program in programs)
+        return all(kept_score_key(task, program) in self.scores for program in programs)
 
 
 def tied_programs(tree: Trajectory) -> list[str]:
@@ -125,7 +123,7 @@ def measure_forest(
     mode: str,
     trees: list[Trajectory],
     tasks: dict[str, Task],
-    verifier: KeptScores | None,
+    verifier: CommittedScores | None,
     sandbox: Any,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
@@ -210,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     path = args.store / "runs" / args.run / f"round-{args.round}" / "tasks" / "validation.jsonl"
     tasks = {task.task_id: task for task in read_jsonl(path, Task)}
-    verifier = KeptScores(args.scores) if args.scores else None
+    verifier = CommittedScores(args.scores) if args.scores else None
     results = {}
     with Sandbox(SandboxConfig(workers=args.workers)) as sandbox:
         for mode, trees in forests(args.trees).items():

@@ -446,6 +446,21 @@ def restore_kept(args: argparse.Namespace) -> None:
     print(f"restored the verifier kept in {args.keep} into {args.work}", flush=True)
 
 
+def kept_score_key(task: Task, program: str) -> str:
+    """The key a kept score is stored under: the sha256 of task id, NUL and program."""
+    import hashlib
+
+    return hashlib.sha256(f"{task.task_id}\0{program}".encode()).hexdigest()
+
+
+def read_kept_scores(path: Path) -> dict[str, float]:
+    """key -> score, from a kept-scores file (xz JSON Lines of {"key", "score"})."""
+    import lzma
+
+    lines = lzma.decompress(path.read_bytes()).decode().splitlines()
+    return {row["key"]: row["score"] for row in map(json.loads, lines)}
+
+
 class KeptScores:
     """A verifier's `score` (and `id`: it stands in for the verifier wherever one is used),
     each (task, program) scored once, the scores written to `path` (xz JSON Lines, keyed by
@@ -453,28 +468,19 @@ class KeptScores:
     on one machine goes on from them on another."""
 
     def __init__(self, verifier: Any, path: Path | None) -> None:
-        import lzma
 
         self.verifier, self.path = verifier, path
         self.scores: dict[str, float] = {}
         if path is not None and path.is_file():
-            for line in lzma.decompress(path.read_bytes()).decode().splitlines():
-                row = json.loads(line)
-                self.scores[row["key"]] = row["score"]
+            self.scores = read_kept_scores(path)
             print(f"{len(self.scores)} scores restored from {path}", flush=True)
 
     @property
     def id(self) -> str:
         return self.verifier.id
 
-    @staticmethod
-    def key(task: Task, program: str) -> str:
-        import hashlib
-
-        return hashlib.sha256(f"{task.task_id}\0{program}".encode()).hexdigest()
-
     def score(self, items: list[tuple[Task, str]]) -> list[float]:
-        keys = [self.key(task, program) for task, program in items]
+        keys = [kept_score_key(task, program) for task, program in items]
         missing = list(
             {k: item for k, item in zip(keys, items, strict=True) if k not in self.scores}.items()
         )

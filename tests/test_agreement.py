@@ -16,6 +16,7 @@ from codeq.tasks import score_programs
 from codeq.tasks.harness import detect_entry, make_call
 from codeq.tasks.literals import parse_example
 from codeq.tasks.probes import probe_calls
+from tests.scripted import CyclingAnswers
 
 EXAMPLE = "Input: a = 1, b = 2\nOutput: 3"
 ORACLE = "class Solution:\n    def add(self, a: int, b: int) -> int:\n        return a + b\n"
@@ -44,6 +45,12 @@ def add_task(examples: list[str] | None = None) -> Task:
 
 def program(expression: str) -> str:
     return ORACLE.replace("a + b", expression)
+
+
+def three_answers() -> CyclingAnswers:
+    """The constant 3 first, then a + b and b + a: all pass the visible test, only the sums
+    the hidden one."""
+    return CyclingAnswers([program(e) for e in ("3", "a + b", "b + a")], "three-answers")
 
 
 @pytest.fixture(scope="module")
@@ -108,28 +115,6 @@ def test_agreement_defers_where_it_cannot_decide(sandbox):
     assert (agreement.decided, agreement.probed) == (1, 0)
 
 
-class ThreeAnswers:
-    """Every rewrite request gets the constant 3 first, then a + b and b + a: all pass the
-    visible test, only the sums the hidden one; every critique says 5/10."""
-
-    name = "three-answers"
-
-    def generate(self, requests):
-        from codeq.policy import GenerationResult
-
-        answers = [program(e) for e in ("3", "a + b", "b + a")]
-        results = []
-        for request in requests:
-            if request.stop == "score":
-                texts = ["Score: 5/10"] * request.n
-            else:
-                texts = [f"```python\n{answers[i % 3]}```" for i in range(request.n)]
-            results.append(
-                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
-            )
-        return results
-
-
 @pytest.mark.parametrize(("probes", "solved"), [(0, 0), (6, 1)])
 def test_an_evaluation_answers_by_agreement_when_asked(tmp_path, sandbox, probes, solved):
     from codeq.config import load_config
@@ -149,5 +134,5 @@ def test_an_evaluation_answers_by_agreement_when_asked(tmp_path, sandbox, probes
             },
         }
     )
-    results = evaluate(tasks, tmp_path / "eval", config, engine=ThreeAnswers(), sandbox=sandbox)
+    results = evaluate(tasks, tmp_path / "eval", config, engine=three_answers(), sandbox=sandbox)
     assert results.modes["bon"].solved == solved

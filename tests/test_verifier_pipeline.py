@@ -42,6 +42,7 @@ from codeq.schemas import (
 )
 from codeq.store import RoundLayout, open_store
 from tests.preemption import preempted_after_checkpoint
+from tests.scripted import CyclingAnswers
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = RoundLayout("default", 0)
@@ -231,24 +232,10 @@ def test_pairs_take_q_ai_from_the_verifier_in_place_of_the_critique(trained_roun
     assert "verifier" in fingerprint["inputs"] and fingerprint["config"]["pairs.q_ai"] == "verifier"
 
 
-class TwoAnswers:
-    """Every rewrite request gets a constant 3 first, then a + b: both pass the visible test
-    (add(1, 2) = 3), only a + b the hidden one; every critique says 5/10."""
-
-    name = "two-answers"
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        answers = [variant("3", 0), variant("a + b", 1)]
-        results = []
-        for request in requests:
-            if request.stop == "score":
-                texts = ["Score: 5/10"] * request.n
-            else:
-                texts = [f"```python\n{answers[i % 2]}```" for i in range(request.n)]
-            results.append(
-                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
-            )
-        return results
+def two_answers() -> CyclingAnswers:
+    """A constant 3 first, then a + b: both pass the visible test (add(1, 2) = 3), only a + b
+    the hidden one."""
+    return CyclingAnswers([variant("3", 0), variant("a + b", 1)], "two-answers")
 
 
 def evaluate_bon(store, root: Path, model_dir: Path, out: Path, **evaluate_settings):
@@ -263,7 +250,7 @@ def evaluate_bon(store, root: Path, model_dir: Path, out: Path, **evaluate_setti
     )
     tasks = root / "tasks" / "validation.jsonl"
     tie_break = evaluation_tie_break(ctx)
-    results = evaluate(tasks, out, ctx.config, engine=TwoAnswers(), tie_break=tie_break)
+    results = evaluate(tasks, out, ctx.config, engine=two_answers(), tie_break=tie_break)
     return ctx, results
 
 
@@ -301,6 +288,33 @@ def test_the_verifier_chooses_among_answers_tied_on_the_visible_tests(
     older = {**record, "validation": {k: v for k, v in validation.items() if k != "within_task"}}
     report = render_report(root / "report-older", results=verifier.model_dump(), verifier=older)
     assert "– over 0 passing/failing pairs" in (report.parent / "report.md").read_text()
+
+
+@pytest.mark.parametrize("probes", [0, 8])
+def test_a_round_without_a_verifier_records_agreement_only_when_it_chose(tmp_path, probes):
+    from test_report import PAIR_STATS
+
+    from codeq.report import render_report
+
+    store = open_store(StoreConfig(uri=f"file://{tmp_path / 'store'}"))
+    ctx = context(
+        store,
+        tmp_path / "scratch",
+        tmp_path / "no-model",
+        verifier={"enabled": False},
+        evaluate={"tie_break": "critique", "agreement_probes": probes},
+    )
+    record = record_evaluation(ctx, tmp_path / "tasks", tmp_path / "eval")
+    if not probes:  # the critique alone chose: nothing to record
+        assert record is None and not (tmp_path / "eval" / "verifier.json").exists()
+        return
+    assert record is not None
+    assert (record["tie_break"], record["agreement_probes"]) == ("critique", 8)
+    assert "verifier" not in record and "no verifier" in record["missing"]
+    report = render_report(tmp_path / "report", pair_stats=PAIR_STATS, verifier=record)
+    text = (report.parent / "report.md").read_text()
+    assert "execution agreement on 8 probe inputs, then critique" in text
+    assert "- verifier: none (the round uses no verifier" in text
 
 
 class SearchesNothing:

@@ -320,17 +320,21 @@ def record_evaluation(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict
     """eval/verifier.json: which scorer chose among answers tied on the visible tests, and the
     verifier's AUC (with the self-critique's beside it, where its rewrites were critiqued) on
     every distinct rewrite the evaluation wrote on validation tasks, each run on all its tests.
-    None (nothing written) when the round uses no verifier."""
-    if not uses_verifier(ctx.config):
+    None (nothing written) when the round uses neither a verifier nor execution agreement."""
+    agreement = ctx.config.evaluate.agreement_probes
+    if not uses_verifier(ctx.config) and not agreement:
         return None
     from codeq.verifier import program_auc
 
-    verifier, reason = available_verifier(ctx)
+    if uses_verifier(ctx.config):
+        verifier, reason = available_verifier(ctx)
+    else:  # the record still says agreement chose first, then the self-critique
+        verifier, reason = None, "the round uses no verifier (verifier.enabled is false)"
     asked = ctx.config.evaluate.tie_break
     chose = "verifier" if asked == "verifier" and verifier is not None else "critique"
     record: dict[str, Any] = {"tie_break": chose, "tie_break_asked": asked, "missing": reason}
-    if ctx.config.evaluate.agreement_probes:  # absent at 0, as in records made before it
-        record["agreement_probes"] = ctx.config.evaluate.agreement_probes
+    if agreement:  # absent at 0, as in records made before it
+        record["agreement_probes"] = agreement
     if verifier is not None:
         record["verifier"] = verifier.info.model_dump(mode="json")
         validation = tasks_dir / "validation.jsonl"

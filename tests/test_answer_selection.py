@@ -1,0 +1,86 @@
+"""bench/answer_selection.py on one real task's committed-style tree: each selector's answer
+scored on all the task's tests, the comparisons and the declared rule's decision."""
+
+from __future__ import annotations
+
+import json
+import lzma
+
+from test_agreement import add_task, program
+from test_bench import load_bench
+
+from codeq.config import SandboxConfig
+from codeq.sandbox import Sandbox
+from codeq.schemas import Node, Trajectory, write_jsonl
+from codeq.tasks import score_programs
+
+# All pass the visible test (add(1, 2) = 3); only the sums pass the hidden one. The critique
+# likes the constant; three rewrites (two distinct programs) share the sums' behaviour.
+REWRITES = [("3", 0.9), ("3", 0.9), ("a + b", 0.1), ("b + a", 0.1), ("a + b", 0.1)]
+VERIFIER = {"3": 0.2, "a + b": 0.8, "b + a": 0.7}
+
+
+def committed_tree(task) -> Trajectory:
+    programs = [program(expression) for expression, _ in REWRITES]
+    with Sandbox(SandboxConfig(backend="subprocess", workers=1)) as sandbox:
+        verdicts = score_programs([(task, p) for p in programs], "visible", sandbox)
+    nodes = [Node(id=0, parent=None, depth=0, program=task.buggy_code)]
+    for index, ((_, critique), text, verdict) in enumerate(
+        zip(REWRITES, programs, verdicts, strict=True), start=1
+    ):
+        nodes.append(
+            Node(id=index, parent=0, depth=1, rollout=index, program=text, verdict=verdict)
+        )
+        nodes[-1].q_ai = critique
+    return Trajectory(
+        task_id=task.task_id,
+        slug=task.slug,
+        level=task.level,
+        category=task.category,
+        subtype=task.subtype,
+        mode="bon",
+        reward_tests="visible",
+        nodes=nodes,
+        solved=True,
+        final_node=1,
+    )
+
+
+def test_answer_selection_scores_every_selector_and_applies_the_declared_rule(tmp_path):
+    bench = load_bench("answer_selection")
+    kept_score_key = load_bench("verifier_auc").kept_score_key
+    task = add_task()
+    tasks = tmp_path / "store" / "runs" / "curve" / "round-0" / "tasks" / "validation.jsonl"
+    tasks.parent.mkdir(parents=True)
+    write_jsonl(tasks, [task])
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    write_jsonl(trees / "trajectories-bon.jsonl", [committed_tree(task)])
+    scores = tmp_path / "scores.jsonl.xz"
+    lines = "".join(
+        json.dumps({"key": kept_score_key(task, program(e)), "score": s}) + "\n"
+        for e, s in VERIFIER.items()
+    )
+    scores.write_bytes(lzma.compress(lines.encode()))
+    out = tmp_path / "selection.json"
+    argv = ["--store", str(tmp_path / "store"), "--run", "curve", "--trees", str(trees)]
+    argv += ["--scores", str(scores), "--probes", "6", "--workers", "1", "--json", str(out)]
+
+    assert bench.main(argv) == 0
+
+    record = json.loads(out.read_text())
+    bon = record["forests"]["bon"]
+    assert (bon["trees"], bon["tied_tasks"], bon["solvable"]) == (1, 1, 1)
+    assert bon["verifier_scores"] and bon["probed_tasks"] == 1
+    solved = {name: row["solved"] for name, row in bon["selectors"].items()}
+    assert solved == {
+        "critique": 0,
+        "agreement+critique": 1,
+        "verifier": 1,
+        "agreement+verifier": 1,
+    }
+    comparisons = {(c["baseline"], c["other"]): c for c in bon["comparisons"]}
+    assert comparisons[("critique", "agreement+critique")]["gained_tasks"] == ["add0"]
+    assert comparisons[("verifier", "agreement+verifier")]["gained"] == 0
+    # the rule adopts agreement only where it gains over the verifier alone
+    assert record["decision"]["adopt"] is False
