@@ -12,6 +12,7 @@ from codeq.config import load_config
 from codeq.evaluate import ANY_NODE_LABEL, evaluate, summarize, wilson_interval
 from codeq.policy import GenerationRequest, GenerationResult
 from codeq.schemas import Task, Trajectory, read_jsonl
+from tests.scripted import ScriptedEngine, TaskScriptedEngine, prompt_text
 
 
 @pytest.mark.parametrize(
@@ -86,37 +87,23 @@ def test_summarize_breaks_down_fixed_outcomes() -> None:
 WRONG_MARKER = "UNUSED_MARKER"
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(TaskScriptedEngine):
     """Answers each task with a fixed plan: 'fix' returns the oracle at once, 'late' returns a
     wrong (but valid) rewrite unless asked to refine that wrong rewrite (MCTS's second rollout),
     'never' always returns a wrong rewrite."""
 
-    name = "scripted"
-
     def __init__(self, tasks: Sequence[Task], plans: dict[str, str]) -> None:
-        self.tasks = list(tasks)
+        super().__init__(tasks)
         self.plans = plans
         self.calls: Counter[str] = Counter()
 
-    def _task_of(self, text: str) -> Task:
-        matches = [t for t in self.tasks if t.buggy_code.strip() in text]
-        return max(matches, key=lambda t: len(t.buggy_code))
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        results = []
-        for request in requests:
-            if request.stop == "score":
-                texts = ["Score: 5/10"] * request.n
-            else:
-                text = "\n".join(message.content for message in request.messages)
-                task = self._task_of(text)
-                plan = self.plans[task.task_id]
-                self.calls[task.task_id] += 1
-                good = plan == "fix" or (plan == "late" and WRONG_MARKER in text)
-                code = task.oracle_code if good else task.buggy_code + f"\n{WRONG_MARKER} = 1\n"
-                texts = [f"```python\n{code}\n```"] * request.n
-            results.append(GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1]))
-        return results
+    def samples(self, request: GenerationRequest) -> list[str]:
+        task = self.task_of(request)
+        plan = self.plans[task.task_id]
+        self.calls[task.task_id] += 1
+        good = plan == "fix" or (plan == "late" and WRONG_MARKER in prompt_text(request))
+        code = task.oracle_code if good else task.buggy_code + f"\n{WRONG_MARKER} = 1\n"
+        return [code] * request.n
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +208,7 @@ def test_the_unchanged_buggy_program_is_never_counted_as_solved(test_tasks) -> N
 SPECIAL_INPUT = 123456789  # a hidden test's input that only the "special" rewrite answers
 
 
-class TwoRewritesPolicy:
+class TwoRewritesPolicy(ScriptedEngine):
     """Writes two rewrites of count-digits in one request: the oracle, which passes the visible
     tests but not the hidden one below, and the oracle with a special case that passes every
     test; the critique scores the rewrite `preferred` names 9/10 and the other 1/10."""
@@ -237,20 +224,13 @@ class TwoRewritesPolicy:
         self.programs = {"oracle": task.oracle_code, "special": special}
         self.preferred = preferred
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        results = []
-        for request in requests:
-            if request.stop == "score":
-                text = "\n".join(message.content for message in request.messages)
-                shown = "special" if str(SPECIAL_INPUT) in text else "oracle"
-                texts = [f"Score: {9 if shown == self.preferred else 1}/10"] * request.n
-            else:
-                programs = [self.programs["oracle"], self.programs["special"]]
-                texts = [f"```python\n{programs[i % 2]}\n```" for i in range(request.n)]
-            results.append(
-                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
-            )
-        return results
+    def critique(self, request: GenerationRequest) -> str:
+        shown = "special" if str(SPECIAL_INPUT) in prompt_text(request) else "oracle"
+        return f"Score: {9 if shown == self.preferred else 1}/10"
+
+    def samples(self, request: GenerationRequest) -> list[str]:
+        programs = [self.programs["oracle"], self.programs["special"]]
+        return [programs[i % 2] for i in range(request.n)]
 
 
 @pytest.mark.parametrize(("preferred", "lost"), [("oracle", True), ("special", False)])
@@ -303,8 +283,7 @@ class CrashingPolicy(ScriptedPolicy):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         for request in requests:
-            text = "\n".join(message.content for message in request.messages)
-            if request.stop != "score" and self._task_of(text).task_id == self.crash_on:
+            if request.stop != "score" and self.task_of(request).task_id == self.crash_on:
                 raise KeyboardInterrupt("preempted")
         return super().generate(requests)
 
@@ -390,7 +369,7 @@ class SamplingPolicy(ScriptedPolicy):
         results = super().generate(requests)
         for index, request in enumerate(requests):
             if request.temperature > 0 and request.stop != "score":
-                task = self._task_of("\n".join(message.content for message in request.messages))
+                task = self.task_of(request)
                 texts = [
                     f"```python\n{task.oracle_code}\n```"
                     if i < self.good[task.task_id]

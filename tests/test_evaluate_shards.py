@@ -67,26 +67,11 @@ class SomeOraclePolicy(OracleOrWrongPolicy):
 
     name = "some-oracle"
 
-    def generate(self, requests):
-        from codeq.policy import GenerationResult
-
-        results = []
-        for request in requests:
-            if request.stop == "score":
-                texts = ["Score: 5/10"] * request.n
-            else:
-                prompt = "\n".join(message.content for message in request.messages)
-                task = self._task_of(prompt)
-                number = self.tasks.index(task)
-                wrong = task.buggy_code + "\nWRONG_REWRITE = 1\n"
-                texts = [
-                    f"```python\n{task.oracle_code if (number + i) % 2 == 0 else wrong}\n```"
-                    for i in range(request.n)
-                ]
-            results.append(
-                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
-            )
-        return results
+    def samples(self, request):
+        task = self.task_of(request)
+        number = self.tasks.index(task)
+        wrong = task.buggy_code + "\nWRONG_REWRITE = 1\n"
+        return [task.oracle_code if (number + i) % 2 == 0 else wrong for i in range(request.n)]
 
 
 @pytest.fixture(scope="module")

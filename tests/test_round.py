@@ -15,6 +15,7 @@ from codeq.pipeline.local_round import LOCAL_ROUND_PRESET, run_round
 from codeq.pipeline.stages import StageContext, prepare_stage, round_stages
 from codeq.schemas import Task, read_jsonl
 from codeq.store import RoundLayout, open_store
+from tests.scripted import TaskScriptedEngine
 
 TINY_SETTINGS = {
     "tasks": {"max_items": 7},  # a few builtin tasks keep the round short
@@ -41,38 +42,17 @@ TINY_SETTINGS = {
 }
 
 
-class OracleOrWrongPolicy:
+class OracleOrWrongPolicy(TaskScriptedEngine):
     """Collects with clearly different siblings so the round has real preference pairs: the
     first sample of each rewrite request is the task's oracle program, the others a wrong
     rewrite; every critique says 5/10. (The tiny random model alone writes no programs.)"""
 
     name = "oracle-or-wrong"
 
-    def __init__(self, tasks: list[Task]) -> None:
-        self.tasks = tasks
-
-    def _task_of(self, text: str) -> Task:
-        matches = [task for task in self.tasks if task.buggy_code.strip() in text]
-        return max(matches, key=lambda task: len(task.buggy_code))
-
-    def generate(self, requests):
-        from codeq.policy import GenerationResult
-
-        results = []
-        for request in requests:
-            if request.stop == "score":
-                texts = ["Score: 5/10"] * request.n
-            else:
-                task = self._task_of("\n".join(message.content for message in request.messages))
-                wrong = task.buggy_code + "\nWRONG_REWRITE = 1\n"
-                texts = [
-                    f"```python\n{task.oracle_code if i == 0 else wrong}\n```"
-                    for i in range(request.n)
-                ]
-            results.append(
-                GenerationResult(texts=texts, prompt_tokens=1, completion_tokens=[1] * request.n)
-            )
-        return results
+    def samples(self, request):
+        task = self.task_of(request)
+        wrong = task.buggy_code + "\nWRONG_REWRITE = 1\n"
+        return [task.oracle_code if i == 0 else wrong for i in range(request.n)]
 
 
 def stage_prefixes(layout: RoundLayout) -> list[str]:
