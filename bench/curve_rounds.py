@@ -350,6 +350,22 @@ def running_state(key: str) -> bool:
     return inside.startswith("eval-progress/") and inside.endswith("/STATE.json")
 
 
+def progress_record(key: str) -> bool:
+    """An evaluation's PROGRESS.json: the fingerprint its saved trees were searched under."""
+    inside = stage_relative(key)
+    return inside.startswith("eval-progress/") and inside.endswith("/PROGRESS.json")
+
+
+def same_but_tasks(ours: bytes, committed: bytes) -> bool:
+    """Two PROGRESS.json records whose fingerprints differ at most in the tasks checksum."""
+    fingerprints = [json.loads(data).get("fingerprint") or {} for data in (ours, committed)]
+    config = [fingerprint.get("config") for fingerprint in fingerprints]
+    inputs = [dict(fingerprint.get("inputs") or {}) for fingerprint in fingerprints]
+    for named in inputs:
+        named.pop("tasks", None)
+    return config[0] == config[1] and inputs[0] == inputs[1]
+
+
 def check_store_holds(store: Any, folder: Path, entry: dict[str, Any], number: int) -> None:
     """Every committed key the store holds must hold the committed content (markers, which carry
     times, the run's current policy, which moves on, and an evaluation's running state, see
@@ -360,6 +376,10 @@ def check_store_holds(store: Any, folder: Path, entry: dict[str, Any], number: i
         if key.endswith("/_COMPLETE") or "/current/" in key or not store.exists(key):
             continue
         if running_state(key):  # a later stop's store is ahead of the copy: its own stands
+            continue
+        if progress_record(key) and same_but_tasks(
+            store.get_bytes(key), committed_content(folder, key, recorded)
+        ):  # carried to this machine's tasks (`carry_eval_progress`), then rewritten by the run
             continue
         if hashlib.sha256(store.get_bytes(key)).hexdigest() != recorded["sha256"]:
             raise CorruptInputError(
@@ -425,6 +445,60 @@ def adopt_prepare_report(store: Any, results: Path, number: int, tasks_manifest_
     for key, data in sorted(record.items(), key=lambda item: item[0].endswith("MANIFEST.json")):
         store.put_bytes(key, data)  # the manifest last: it vouches for the report
     return bool(record)
+
+
+HELD_OUT_READ_BY_EVALUATE = ("validation.jsonl", "test.jsonl")
+
+
+def carry_eval_progress(
+    store: Any, results: Path, number: int, tasks_manifest_key: str
+) -> str | None:
+    """An unfinished round's saved evaluation trees were fingerprinted with the tasks manifest
+    of the machine that searched them. Where this machine's prepare built other train tasks
+    (the same tasks, `same_searched_tasks`) but the same validation and test files, which are
+    all an evaluation reads, those trees stand: each progress record's tasks checksum becomes
+    this machine's manifest's. Any other difference (config, adapter, held-out files) is left
+    for the evaluate stage to refuse. A note when a record was carried, else None."""
+    import hashlib
+
+    from codeq.pipeline.fingerprint import Fingerprint
+
+    folder = partial_folder(results, number)
+    if not (folder / PARTIAL_FILE).is_file() or finished_record(results, number).is_file():
+        return None
+    entry = json.loads((folder / PARTIAL_FILE).read_text())
+    round_prefix = tasks_manifest_key.rsplit("/", 2)[0]
+    recorded_key = f"{round_prefix}/tasks/MANIFEST.json"
+    if recorded_key not in entry["keys"]:
+        return None
+    recorded = committed_content(folder, recorded_key, entry["keys"][recorded_key])
+    built = store.get_bytes(tasks_manifest_key)
+    was, now = hashlib.sha256(recorded).hexdigest(), hashlib.sha256(built).hexdigest()
+    recorded_files = json.loads(recorded)["files"]
+    built_files = json.loads(built)["files"]
+    if was == now or any(
+        recorded_files.get(name) != built_files.get(name) for name in HELD_OUT_READ_BY_EVALUATE
+    ):
+        return None
+    carried = []
+    for key in store.list(f"{round_prefix}/eval-progress"):
+        if not key.endswith("/PROGRESS.json"):
+            continue
+        record = json.loads(store.get_bytes(key))
+        fingerprint = record.get("fingerprint") or {}
+        inputs = dict(fingerprint.get("inputs") or {})
+        if inputs.get("tasks") != was:
+            continue
+        inputs["tasks"] = now
+        record["fingerprint"] = Fingerprint(config=fingerprint["config"], inputs=inputs).to_json()
+        store.put_json(key, record)
+        carried.append(key.removeprefix(f"{round_prefix}/"))
+    if not carried:
+        return None
+    return (
+        f"round {number}: its saved evaluation trees ({', '.join(carried)}) stand with the "
+        "tasks built here: the same validation and test files, another train file"
+    )
 
 
 def task_files_sha256(store: Any, tasks_manifest_key: str) -> dict[str, str]:

@@ -402,6 +402,11 @@ class Curve:
             )
             if note:  # the tasks differ: this machine's manifest stays, true to its files
                 print(f"[curve] {note}", file=sys.stderr, flush=True)
+                carried = curve_rounds.carry_eval_progress(
+                    self.store, self.results, round_number, manifest
+                )
+                if carried:
+                    print(f"[curve] {carried}", file=sys.stderr, flush=True)
             elif curve_rounds.adopt_prepare_report(
                 self.store, self.results, round_number, manifest
             ):

@@ -408,3 +408,46 @@ def test_relative_paths_are_read_from_the_working_folder(monkeypatch):
     adapter = Path("docs/results/verifier/some-run/verifier/adapter_model.safetensors")
     stray = Path("docs/results/verifier/some-run/adapter_model.safetensors")
     assert curve_rounds.ignored_by_git([adapter, stray]) == [stray]
+
+
+def test_saved_evaluation_trees_stand_where_only_the_train_file_was_built_otherwise(tmp_path):
+    """Another machine's prepare set other per-call limits in the train file (the same tasks)
+    but built the same validation and test files: the saved evaluation trees of a round under
+    way stand, their record carried to this machine's tasks manifest; other held-out files
+    leave the record as it was, for the evaluate stage to refuse."""
+    import hashlib
+
+    from codeq.pipeline.fingerprint import Fingerprint
+
+    def manifest(train: str, validation: str) -> bytes:
+        files = {name: {"sha256": value * 32} for name, value in [("train.jsonl", train)]}
+        files["validation.jsonl"] = {"sha256": validation * 32}
+        return json.dumps({"version": 1, "files": files}).encode()
+
+    store, _ = store_with_a_round_under_way(tmp_path / "store")
+    key = "runs/curve/round-1/tasks/MANIFEST.json"
+    store.put_bytes(key, manifest(train="aa", validation="vv"))
+    searched_with = hashlib.sha256(manifest(train="aa", validation="vv")).hexdigest()
+    progress = "runs/curve/round-1/eval-progress/PROGRESS.json"
+    inputs = {"adapter": "ad" * 32, "tasks": searched_with}
+    store.put_json(progress, {"fingerprint": Fingerprint({"x": 1}, inputs).to_json()})
+    results = tmp_path / "results"
+    curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, key)
+
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
+    curve_rounds.restore_partial(fresh, results, 1, SETTINGS)
+    fresh.put_bytes(key, manifest(train="bb", validation="vv"))
+    note = curve_rounds.carry_eval_progress(fresh, results, 1, key)
+    assert note and "eval-progress/PROGRESS.json" in note
+    carried = fresh.get_json(progress)["fingerprint"]
+    built_here = hashlib.sha256(manifest(train="bb", validation="vv")).hexdigest()
+    assert carried["inputs"] == {"adapter": "ad" * 32, "tasks": built_here}
+    assert carried["sha256"] == Fingerprint({"x": 1}, carried["inputs"]).sha256
+    curve_rounds.restore_partial(fresh, results, 1, SETTINGS)  # the carried record is accepted
+    assert curve_rounds.carry_eval_progress(fresh, results, 1, key) is None  # carried already
+
+    other = open_store(StoreConfig(uri=f"file://{tmp_path / 'other'}"))
+    curve_rounds.restore_partial(other, results, 1, SETTINGS)
+    other.put_bytes(key, manifest(train="bb", validation="ww"))
+    assert curve_rounds.carry_eval_progress(other, results, 1, key) is None
+    assert other.get_json(progress)["fingerprint"]["inputs"]["tasks"] == searched_with
