@@ -42,6 +42,12 @@ RULE = (
     "agreement before the verifier becomes evaluate's default if, on best-of-16's validation "
     "trees, it solves more tasks than the verifier alone (gained > lost)"
 )
+# Declared before the second run (2026-12-04, the README's second section).
+ANSWERED_RULE = (
+    "agreement ranks behaviours by answered probes before group size if, on best-of-16's "
+    "validation trees, agreement then verifier with it solves more tasks than without "
+    "(gained > lost) and it loses no task against agreement then critique on the other trees"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="probe inputs' seed")
     parser.add_argument("--workers", type=int, default=2, help="sandbox workers")
     parser.add_argument("--json", type=Path, required=True, help="where the result goes")
+    parser.add_argument(
+        "--explain", action="store_true", help="list the tied programs of each task lost"
+    )
     return parser.parse_args(argv)
 
 
@@ -145,6 +154,9 @@ def measure_forest(
     selectors: dict[str, TieBreak] = {"critique": critique_tie_break}
     agreement_critique = AgreementTieBreak(sandbox, args.probes, args.seed, critique_tie_break)
     selectors["agreement+critique"] = agreement_critique
+    selectors["answered+critique"] = AgreementTieBreak(
+        sandbox, args.probes, args.seed, critique_tie_break, answered_first=True
+    )
     scored = verifier is not None and all(  # a single tied program is never scored
         verifier.covers(tasks[t], programs) for t, programs in tied.items() if len(programs) > 1
     )
@@ -153,6 +165,9 @@ def measure_forest(
         selectors["verifier"] = VerifierTieBreak(verifier)  # type: ignore[arg-type]
         selectors["agreement+verifier"] = AgreementTieBreak(
             sandbox, args.probes, args.seed, selectors["verifier"]
+        )
+        selectors["answered+verifier"] = AgreementTieBreak(
+            sandbox, args.probes, args.seed, selectors["verifier"], answered_first=True
         )
     solved: dict[str, dict[str, bool]] = {}
     for name, tie_break in selectors.items():
@@ -169,18 +184,65 @@ def measure_forest(
             name: {
                 "solved": sum(values.values()),
                 "lost_among_solvable": sum(not values[t] for t in solvable),
+                "lost_tasks": [t for t in solvable if not values[t]],
             }
             for name, values in solved.items()
         },
-        "comparisons": [compare(solved, "critique", "agreement+critique")],
+        "comparisons": [
+            compare(solved, "critique", "agreement+critique"),
+            compare(solved, "agreement+critique", "answered+critique"),
+        ],
         "per_task": {
             name: sorted(t for t, ok in values.items() if ok) for name, values in solved.items()
         },
     }
+    if args.explain:
+        explain(mode, solved, solvable, trees, tasks, passed, selectors)
     if scored:
         result["comparisons"].append(compare(solved, "verifier", "agreement+verifier"))
+        result["comparisons"].append(compare(solved, "agreement+verifier", "answered+verifier"))
         result["comparisons"].append(compare(solved, "critique", "verifier"))
     return result
+
+
+def explain(
+    mode: str,
+    solved: dict[str, dict[str, bool]],
+    solvable: list[str],
+    trees: list[Trajectory],
+    tasks: dict[str, Task],
+    passed: dict[tuple[str, str], bool],
+    selectors: dict[str, TieBreak],
+) -> None:
+    """Each solvable task some agreement selector lost: its tied programs, their behaviour
+    group, how many probes they answered, their samples, whether they pass all tests, and the
+    tie-break's score (the verifier's where there is one)."""
+    from codeq.search.agreement import AgreementTieBreak
+
+    agreement = selectors.get("agreement+verifier") or selectors["agreement+critique"]
+    assert isinstance(agreement, AgreementTieBreak)
+    lost = sorted(
+        {t for name, values in solved.items() if "+" in name for t in solvable if not values[t]}
+    )
+    for tree in [tree for tree in trees if tree.task_id in lost]:
+        task = tasks[tree.task_id]
+        nodes = [node for node in tree.nodes[1:] if node.valid and node.verdict is not None]
+        tied = tied_at_top(nodes)
+        programs = tuple(sorted({node.program for node in tied}))
+        group_of = agreement.cache.get((task.task_id, programs), {})
+        losers = [name for name, values in solved.items() if not values[task.task_id]]
+        print(f"{mode} {task.task_id} ({task.slug}), lost by {', '.join(losers)}:", flush=True)
+        for program in programs:
+            group, answered = group_of.get(program, (None, None))
+            samples = sum(node.program == program for node in tied)
+            first = next(node for node in tied if node.program == program)
+            score = agreement.then(task, [first])[0]
+            print(
+                f"  group {group}, {answered} probes answered, {samples} sample(s), "
+                f"passes all tests: {passed[(task.task_id, program)]}, tie-break score "
+                f"{score:.3f}",
+                flush=True,
+            )
 
 
 def decision(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -199,6 +261,28 @@ def decision(results: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def answered_decision(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The second declared rule (ANSWERED_RULE); None without best-of-16's verifier."""
+    bon = results.get("bon")
+    if bon is None or not bon["verifier_scores"]:
+        return None
+    (against,) = [c for c in bon["comparisons"] if c["baseline"] == "agreement+verifier"]
+    elsewhere = {
+        mode: next(c["lost"] for c in forest["comparisons"] if c["other"] == "answered+critique")
+        for mode, forest in results.items()
+        if mode != "bon"
+    }
+    adopt = against["gained"] > against["lost"] and not any(elsewhere.values())
+    return {
+        "rule": ANSWERED_RULE,
+        "adopt": adopt,
+        "gained": against["gained"],
+        "lost": against["lost"],
+        "p_better": against["p_better"],
+        "lost_elsewhere": elsewhere,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from codeq.config import SandboxConfig
     from codeq.sandbox import Sandbox
@@ -214,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, trees in forests(args.trees).items():
             results[mode] = measure_forest(mode, trees, tasks, verifier, sandbox, args)
             print(f"{mode}: {json.dumps(results[mode]['selectors'])}", flush=True)
-    record = {
+    record: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "command": "python bench/answer_selection.py "
         + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -222,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         "tasks": len(tasks),
         "forests": results,
         "decision": decision(results),
+        "answered_decision": answered_decision(results),
         "seconds": round(time.perf_counter() - started, 1),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     if record["decision"] is not None:
         print(f"decision (declared rule): adopt = {record['decision']['adopt']}", flush=True)
+    if record["answered_decision"] is not None:
+        adopt = record["answered_decision"]["adopt"]
+        print(f"answered probes first (second declared rule): adopt = {adopt}", flush=True)
     return 0
 
 

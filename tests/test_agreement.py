@@ -100,6 +100,24 @@ def test_the_behaviour_most_tied_rewrites_share_is_the_answer(sandbox):
     assert "return 3" in final_answer(repeated, root, task, agreement).program
 
 
+def test_programs_that_raise_alike_do_not_outvote_those_that_answer(sandbox):
+    task = add_task()
+    root = Node(id=0, parent=None, depth=0, program=task.buggy_code)
+    raising = [
+        "a + b if a == 1 else 1 // 0",
+        "(a + b) if a == 1 else 1 // 0",
+        "b + a if a == 1 else 1 // 0",
+    ]
+    nodes = rewrites(task, ["a + b", "b + a", *raising], sandbox)
+    assert all(node.verdict.passed for node in nodes)  # add(1, 2): every one answers 3
+    by_size = AgreementTieBreak(sandbox, probes=6, seed=0, then=prefers_constants)
+    assert "1 // 0" in final_answer(nodes, root, task, by_size).program  # three raise alike
+    answered = AgreementTieBreak(sandbox, 6, 0, prefers_constants, answered_first=True)
+    chosen = final_answer(nodes, root, task, answered)
+    assert chosen.program in {program("a + b"), program("b + a")}
+    assert by_size.__qualname__ != answered.__qualname__  # resume keys tell them apart
+
+
 def test_agreement_defers_where_it_cannot_decide(sandbox):
     task = add_task()
     root = Node(id=0, parent=None, depth=0, program=task.buggy_code)

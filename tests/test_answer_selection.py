@@ -14,10 +14,16 @@ from codeq.sandbox import Sandbox
 from codeq.schemas import Node, Trajectory, write_jsonl
 from codeq.tasks import score_programs
 
-# All pass the visible test (add(1, 2) = 3); only the sums pass the hidden one. The critique
-# likes the constant; three rewrites (two distinct programs) share the sums' behaviour.
-REWRITES = [("3", 0.9), ("3", 0.9), ("a + b", 0.1), ("b + a", 0.1), ("a + b", 0.1)]
-VERIFIER = {"3": 0.2, "a + b": 0.8, "b + a": 0.7}
+# All pass the visible test (add(1, 2) = 3); only the sums pass the hidden one (add(5, 7)).
+# The critique likes the constant; the three programs that raise unless a == 1 are the
+# largest behaviour on the probes, but the sums answer every probe.
+RAISING = [
+    "a + b if a == 1 else 1 // 0",
+    "b + a if a == 1 else 1 // 0",
+    "(a + b) if a == 1 else 1 // 0",
+]
+REWRITES = [("3", 0.9), ("a + b", 0.1), ("b + a", 0.1), *[(e, 0.5) for e in RAISING]]
+VERIFIER = {"3": 0.2, "a + b": 0.8, "b + a": 0.7, **{e: 0.3 for e in RAISING}}
 
 
 def committed_tree(task) -> Trajectory:
@@ -46,7 +52,7 @@ def committed_tree(task) -> Trajectory:
     )
 
 
-def test_answer_selection_scores_every_selector_and_applies_the_declared_rule(tmp_path):
+def test_answer_selection_scores_every_selector_and_applies_the_declared_rules(tmp_path, capsys):
     bench = load_bench("answer_selection")
     kept_score_key = load_bench("verifier_auc").kept_score_key
     task = add_task()
@@ -65,8 +71,11 @@ def test_answer_selection_scores_every_selector_and_applies_the_declared_rule(tm
     out = tmp_path / "selection.json"
     argv = ["--store", str(tmp_path / "store"), "--run", "curve", "--trees", str(trees)]
     argv += ["--scores", str(scores), "--probes", "6", "--workers", "1", "--json", str(out)]
+    argv += ["--explain"]
 
     assert bench.main(argv) == 0
+    explained = capsys.readouterr().out
+    assert "bon add0 (add-two-integers), lost by critique, agreement+critique" in explained
 
     record = json.loads(out.read_text())
     bon = record["forests"]["bon"]
@@ -75,12 +84,17 @@ def test_answer_selection_scores_every_selector_and_applies_the_declared_rule(tm
     solved = {name: row["solved"] for name, row in bon["selectors"].items()}
     assert solved == {
         "critique": 0,
-        "agreement+critique": 1,
+        "agreement+critique": 0,  # the raising programs outvote the sums
+        "answered+critique": 1,
         "verifier": 1,
-        "agreement+verifier": 1,
+        "agreement+verifier": 0,
+        "answered+verifier": 1,
     }
+    assert bon["selectors"]["agreement+verifier"]["lost_tasks"] == ["add0"]
     comparisons = {(c["baseline"], c["other"]): c for c in bon["comparisons"]}
-    assert comparisons[("critique", "agreement+critique")]["gained_tasks"] == ["add0"]
-    assert comparisons[("verifier", "agreement+verifier")]["gained"] == 0
-    # the rule adopts agreement only where it gains over the verifier alone
+    assert comparisons[("verifier", "agreement+verifier")]["lost_tasks"] == ["add0"]
+    assert comparisons[("agreement+verifier", "answered+verifier")]["gained_tasks"] == ["add0"]
+    # each declared rule: agreement only where it gains over the verifier alone; answered
+    # probes first where it gains over agreement and loses nothing on the other forests
     assert record["decision"]["adopt"] is False
+    assert record["answered_decision"]["adopt"] is True

@@ -27,20 +27,31 @@ class AgreementTieBreak:
     tests, each is run on `probes` probe inputs of its task, and a rewrite's score is how many
     of those tied rewrites (repeated samples counted, as AlphaCode counts a cluster) answered
     every probe as it did, plus `then`'s score squashed into (0, 1): agreement decides, `then`
-    orders equal groups and breaks ties inside one. Elsewhere `then` alone. Each task's tied
-    set is run once, however often the evaluation's budgets ask again."""
+    orders equal groups and breaks ties inside one. With `answered_first`, a behaviour that
+    answered more probes ranks above any that answered fewer, whatever their sizes: programs
+    that raise or time out alike do not outvote those that answer (a probe is made like a
+    hidden-test input, so a raise is evidence against a program). Elsewhere `then` alone. Each
+    task's tied set is run once, however often the evaluation's budgets ask again."""
 
     def __init__(
-        self, sandbox: Sandbox, probes: int, seed: int, then: TieBreak = critique_tie_break
+        self,
+        sandbox: Sandbox,
+        probes: int,
+        seed: int,
+        then: TieBreak = critique_tie_break,
+        answered_first: bool = False,
     ) -> None:
         self.sandbox, self.probes, self.seed, self.then = sandbox, probes, seed, then
+        self.answered_first = answered_first
         self.decided = 0  # calls in which agreement ranked two or more distinct programs
         self.probed = 0  # of them, the calls whose task had probe inputs
-        self.cache: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}  # -> group
+        # (task id, tied programs) -> each program's group and how many probes it answered
+        self.cache: dict[tuple[str, tuple[str, ...]], dict[str, tuple[int, int]]] = {}
         self.no_probes: set[str] = set()  # tasks whose examples give no probe input
         then_name = getattr(then, "__qualname__", type(then).__name__)
         # names it in evaluation resume keys (codeq.evaluate.run reads a tie-break's qualname)
-        self.__qualname__ = f"agreement-{probes}-{seed}-{then_name}"
+        ranking = "answered-" if answered_first else ""
+        self.__qualname__ = f"agreement-{ranking}{probes}-{seed}-{then_name}"
 
     def __call__(self, task: Task, nodes: Sequence[Node]) -> list[float]:
         inner = self.then(task, nodes)
@@ -51,7 +62,7 @@ class AgreementTieBreak:
         if len(programs) < 2:
             return inner
         self.decided += 1
-        agreeing = self.group_sizes(task, programs, [node.program for node in tied])
+        agreeing = self.agreement_scores(task, programs, [node.program for node in tied])
         if agreeing is None:
             return inner
         self.probed += 1
@@ -61,11 +72,12 @@ class AgreementTieBreak:
             for node, score in zip(nodes, inner, strict=True)
         ]
 
-    def group_sizes(
+    def agreement_scores(
         self, task: Task, programs: tuple[str, ...], samples: list[str]
     ) -> dict[str, int] | None:
         """program -> how many of `samples` (the tied rewrites' programs, repeats included)
-        behave as it does on the probes; None when the task has no probe inputs."""
+        behave as it does on the probes, ranked first (with `answered_first`) by how many
+        probes that behaviour answered; None when the task has no probe inputs."""
         key = (task.task_id, programs)
         if key not in self.cache:
             if task.task_id in self.no_probes:
@@ -76,9 +88,16 @@ class AgreementTieBreak:
                 return None
             answers = behaviours(task, programs, calls, self.sandbox)
             check = task.visible_tests[0].check if task.visible_tests else {}
-            self.cache[key] = dict(zip(programs, behaviour_groups(answers, check), strict=True))
+            groups = behaviour_groups(answers, check)
+            answered = [sum(answer.status == "ok" for answer in row) for row in answers]
+            self.cache[key] = dict(zip(programs, zip(groups, answered, strict=True), strict=True))
         group_of = self.cache[key]
         weight: dict[int, int] = {}
         for program in samples:
-            weight[group_of[program]] = weight.get(group_of[program], 0) + 1
-        return {program: weight[group_of[program]] for program in programs}
+            group = group_of[program][0]
+            weight[group] = weight.get(group, 0) + 1
+        rank = len(samples) + 1 if self.answered_first else 0  # above any group's size
+        return {
+            program: rank * group_of[program][1] + weight[group_of[program][0]]
+            for program in programs
+        }
