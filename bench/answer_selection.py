@@ -152,7 +152,9 @@ def measure_forest(
     }
     solvable = sorted(t for t, programs in tied.items() if any(passed[(t, p)] for p in programs))
     selectors: dict[str, TieBreak] = {"critique": critique_tie_break}
-    agreement_critique = AgreementTieBreak(sandbox, args.probes, args.seed, critique_tie_break)
+    agreement_critique = AgreementTieBreak(
+        sandbox, args.probes, args.seed, critique_tie_break, answered_first=False
+    )
     selectors["agreement+critique"] = agreement_critique
     selectors["answered+critique"] = AgreementTieBreak(
         sandbox, args.probes, args.seed, critique_tie_break, answered_first=True
@@ -164,7 +166,7 @@ def measure_forest(
         assert verifier is not None
         selectors["verifier"] = VerifierTieBreak(verifier)  # type: ignore[arg-type]
         selectors["agreement+verifier"] = AgreementTieBreak(
-            sandbox, args.probes, args.seed, selectors["verifier"]
+            sandbox, args.probes, args.seed, selectors["verifier"], answered_first=False
         )
         selectors["answered+verifier"] = AgreementTieBreak(
             sandbox, args.probes, args.seed, selectors["verifier"], answered_first=True
@@ -232,11 +234,11 @@ def explain(
         group_of = agreement.cache.get((task.task_id, programs), {})
         losers = [name for name, values in solved.items() if not values[task.task_id]]
         print(f"{mode} {task.task_id} ({task.slug}), lost by {', '.join(losers)}:", flush=True)
+        scores = dict(zip((node.program for node in tied), agreement.then(task, tied), strict=True))
         for program in programs:
             group, answered = group_of.get(program, (None, None))
             samples = sum(node.program == program for node in tied)
-            first = next(node for node in tied if node.program == program)
-            score = agreement.then(task, [first])[0]
+            score = scores[program]
             print(
                 f"  group {group}, {answered} probes answered, {samples} sample(s), "
                 f"passes all tests: {passed[(task.task_id, program)]}, tie-break score "

@@ -1413,24 +1413,31 @@ ANSWER_SELECTION = "answer-selection/"
 
 
 def answer_selection_entries() -> list[Entry]:
-    """One entry per comparison of each bench/answer_selection.py run: a search's validation
-    answers chosen again with execution agreement before a scorer, against that scorer alone
-    (the verifier against the critique, recomputed beside them, is the verifier decision's
-    comparison and counted there). The one its declared rule reads (best-of-16,
-    agreement then the verifier against the verifier) decided `evaluate.agreement_probes`."""
+    """One entry per comparison of each bench/answer_selection.py run, in the order they ran:
+    a search's validation answers chosen again one way against another. A comparison an
+    earlier run made already (the same forest, the same two selectors: recomputed beside the
+    new ones) is counted once, and the verifier against the critique is the verifier
+    decision's comparison, counted there. The comparisons each run's declared rule reads
+    decided `evaluate.agreement_probes` (best-of-16, agreement then the verifier against the
+    verifier) and how agreement ranks (answered probes first against group size alone)."""
     from curve_figure import p_text
 
+    runs = [
+        (read(path.relative_to(RESULTS).as_posix()), path)
+        for path in (RESULTS / ANSWER_SELECTION).glob("*.json")
+    ]
+    seen = {("bon", "critique", "verifier")}
     found = []
-    for path in sorted((RESULTS / ANSWER_SELECTION).glob("*.json")):
+    for run, path in sorted(runs, key=lambda item: (item[0]["date"], item[1].name)):
         name = path.relative_to(RESULTS).as_posix()
-        run = read(name)
         for forest, measured in run["forests"].items():
             for index, comparison in enumerate(measured["comparisons"]):
-                if (comparison["baseline"], comparison["other"]) == ("critique", "verifier"):
-                    continue  # the verifier decision's own comparison, counted by its entry
+                pair = (forest, comparison["baseline"], comparison["other"])
+                if pair in seen or pair[1:] == ("critique", "verifier"):
+                    continue
+                seen.add(pair)
                 gained, lost = comparison["gained"], comparison["lost"]
-                decided = forest == "bon" and comparison["baseline"] == "verifier"
-                adopted = bool(run["decision"] and run["decision"]["adopt"])
+                outcome = decided_outcome(run, forest, comparison)
                 found.append(
                     e(
                         f"V{measured['trees']}-select-{path.stem}-{forest}-{index}",
@@ -1443,19 +1450,35 @@ def answer_selection_entries() -> list[Entry]:
                         p=p_text(one_sided_mcnemar(gained, lost))
                         if gained >= lost
                         else "worse " + p_text(one_sided_mcnemar(lost, gained)),
-                        role="decided" if decided else "",
-                        outcome=(
-                            f"`evaluate.agreement_probes` {run['args']['probes']}"
-                            if adopted
-                            else "agreement stays off"
-                        )
-                        if decided
-                        else "",
+                        role="decided" if outcome else "",
+                        outcome=outcome or "",
                         where="results/answer-selection/README.md",
                         decision=(f"{name}#{forest}#{index}",),
                     )
                 )
     return found
+
+
+def decided_outcome(run: dict[str, Any], forest: str, comparison: dict[str, Any]) -> str | None:
+    """What a run's declared rule decided, where `comparison` is the one it reads."""
+    if forest != "bon":
+        return None
+    pair = (comparison["baseline"], comparison["other"])
+    if pair == ("verifier", "agreement+verifier") and run.get("decision"):
+        adopted = run["decision"]["adopt"]
+        return (
+            f"`evaluate.agreement_probes` {run['args']['probes']}"
+            if adopted
+            else ("agreement stays off")
+        )
+    if pair == ("agreement+verifier", "answered+verifier") and run.get("answered_decision"):
+        adopted = run["answered_decision"]["adopt"]
+        return (
+            "agreement ranks answered probes first"
+            if adopted
+            else ("agreement ranks by group size")
+        )
+    return None
 
 
 def ledger() -> list[Entry]:

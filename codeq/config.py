@@ -437,8 +437,9 @@ class EvaluateConfig(Section):
         description="Execution agreement before evaluate.tie_break: where two or more distinct "
         "programs pass the most visible tests, each runs on this many probe inputs (made like "
         "hidden-test inputs, from another seed, with no expected output) and the behaviour "
-        "most tied rewrites share is answered; evaluate.tie_break orders equal groups. 0: off "
-        "(docs/results/answer-selection: 8 lost none of the tasks the verifier alone solved).",
+        "that answered the most probes, then the one most tied rewrites share, is answered; "
+        "evaluate.tie_break orders equal groups. 0: off (docs/results/answer-selection: 8 "
+        "lost none of the tasks the verifier alone solved).",
     )
 
 

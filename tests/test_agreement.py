@@ -110,9 +110,9 @@ def test_programs_that_raise_alike_do_not_outvote_those_that_answer(sandbox):
     ]
     nodes = rewrites(task, ["a + b", "b + a", *raising], sandbox)
     assert all(node.verdict.passed for node in nodes)  # add(1, 2): every one answers 3
-    by_size = AgreementTieBreak(sandbox, probes=6, seed=0, then=prefers_constants)
+    by_size = AgreementTieBreak(sandbox, 6, 0, prefers_constants, answered_first=False)
     assert "1 // 0" in final_answer(nodes, root, task, by_size).program  # three raise alike
-    answered = AgreementTieBreak(sandbox, 6, 0, prefers_constants, answered_first=True)
+    answered = AgreementTieBreak(sandbox, probes=6, seed=0, then=prefers_constants)  # default
     chosen = final_answer(nodes, root, task, answered)
     assert chosen.program in {program("a + b"), program("b + a")}
     assert by_size.__qualname__ != answered.__qualname__  # resume keys tell them apart

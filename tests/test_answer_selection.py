@@ -76,6 +76,8 @@ def test_answer_selection_scores_every_selector_and_applies_the_declared_rules(t
     assert bench.main(argv) == 0
     explained = capsys.readouterr().out
     assert "bon add0 (add-two-integers), lost by critique, agreement+critique" in explained
+    assert "2 sample(s), passes all tests: True, tie-break score 0.800" not in explained
+    assert "1 sample(s), passes all tests: True, tie-break score 0.800" in explained  # a + b
 
     record = json.loads(out.read_text())
     bon = record["forests"]["bon"]

@@ -39,7 +39,7 @@ class AgreementTieBreak:
         probes: int,
         seed: int,
         then: TieBreak = critique_tie_break,
-        answered_first: bool = False,
+        answered_first: bool = True,
     ) -> None:
         self.sandbox, self.probes, self.seed, self.then = sandbox, probes, seed, then
         self.answered_first = answered_first
