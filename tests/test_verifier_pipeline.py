@@ -313,7 +313,8 @@ def test_a_round_without_a_verifier_records_agreement_only_when_it_chose(tmp_pat
     assert "verifier" not in record and "no verifier" in record["missing"]
     report = render_report(tmp_path / "report", pair_stats=PAIR_STATS, verifier=record)
     text = (report.parent / "report.md").read_text()
-    assert "execution agreement on 8 probe inputs, then critique" in text
+    ranking = "execution agreement on 8 probe inputs (answered probes, then group size)"
+    assert f"{ranking}, then critique" in text
     assert "- verifier: none (the round uses no verifier" in text
 
 

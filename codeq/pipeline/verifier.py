@@ -335,6 +335,7 @@ def record_evaluation(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict
     record: dict[str, Any] = {"tie_break": chose, "tie_break_asked": asked, "missing": reason}
     if agreement:  # absent at 0, as in records made before it
         record["agreement_probes"] = agreement
+        record["agreement_ranking"] = "answered probes, then group size"  # AgreementTieBreak
     if verifier is not None:
         record["verifier"] = verifier.info.model_dump(mode="json")
         validation = tasks_dir / "validation.jsonl"

@@ -156,6 +156,7 @@ def verifier_summary(record: dict[str, Any]) -> dict[str, Any]:
         "tie_break_asked": record.get("tie_break_asked"),
         "missing": record.get("missing"),
         "agreement_probes": record.get("agreement_probes"),
+        "agreement_ranking": record.get("agreement_ranking"),  # absent before 2026-12-04
         "id": (info.get("adapter_sha256") or "")[:12] or None,
         "heldout_auc": info.get("heldout_auc"),
         "programs": info.get("programs") or {},
