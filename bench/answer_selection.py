@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from verifier_auc import kept_score_key, read_kept_scores  # noqa: E402
 
-from codeq.schemas import Task, Trajectory  # noqa: E402
-from codeq.search.tree import TieBreak, critique_tie_break, final_answer, tied_at_top  # noqa: E402
+from codeq.schemas import Task, Trajectory, tied_at_top  # noqa: E402
+from codeq.search.tree import TieBreak, critique_tie_break, final_answer  # noqa: E402
 
 # Declared before the first run (docs/results/answer-selection/README.md): agreement becomes
 # the evaluation's default tie-break, before the verifier, if on best-of-16's validation trees

@@ -7,7 +7,7 @@ Every stage reads and writes these as JSON Lines (one record per line) through `
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -152,6 +152,20 @@ class Node(Record):
     q_ai: float | None = Field(None, description="Self-critique score in [0, 1].")
     critique: str | None = None
     valid: bool = Field(True, description="False when extraction failed (empty/unchanged program).")
+
+
+def reward_of(verdict: Verdict | None) -> float:
+    """The search reward: the pass fraction on the reward tests (0 for invalid rewrites)."""
+    return verdict.pass_fraction if verdict is not None else 0.0
+
+
+def tied_at_top(nodes: Sequence[Node]) -> list[Node]:
+    """The nodes that pass the most reward tests (what a tie-break chooses among: the search's
+    final answer, execution agreement, the learned verifier)."""
+    if not nodes:
+        return []
+    top = max(reward_of(node.verdict) for node in nodes)
+    return [node for node in nodes if reward_of(node.verdict) == top]
 
 
 class Trajectory(Record):

@@ -8,8 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from codeq.schemas import Node, Task
-from codeq.search.tree import TieBreak, critique_tie_break, tied_at_top
+from codeq.schemas import Node, Task, tied_at_top
+from codeq.search.tree import TieBreak, critique_tie_break
 from codeq.tasks.probes import behaviour_groups, behaviours, probe_calls
 
 if TYPE_CHECKING:

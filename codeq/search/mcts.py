@@ -22,15 +22,8 @@ from codeq.config import CodeQConfig
 from codeq.policy.critique import SCORE_PREFIX, critique_request, q_ai_from
 from codeq.policy.prompts import extract_program, is_valid_rewrite
 from codeq.policy.requests import GenerationRequest, GenerationResult
-from codeq.schemas import Node, Task, TestSplit, Trajectory, Verdict
-from codeq.search.tree import (
-    SearchSettings,
-    TieBreak,
-    Tree,
-    best_rewrite,
-    request_seed,
-    reward_of,
-)
+from codeq.schemas import Node, Task, TestSplit, Trajectory, Verdict, reward_of
+from codeq.search.tree import SearchSettings, TieBreak, Tree, best_rewrite, request_seed
 
 if TYPE_CHECKING:
     from codeq.sandbox import Sandbox

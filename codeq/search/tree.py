@@ -18,7 +18,7 @@ from codeq.policy.prompts import (
     visible_failures,
 )
 from codeq.policy.requests import GenerationRequest, GenerationResult
-from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, Verdict
+from codeq.schemas import ChatMessage, Node, Task, TestSplit, Trajectory, reward_of
 
 TieBreak = Callable[[Task, Sequence[Node]], list[float]]
 """Scores of one task's tested rewrites (higher: more likely to pass every test), one per node:
@@ -175,19 +175,6 @@ def ucb1(child: Node, parent_visits: int, exploration: float) -> float:
         return math.inf
     mean = child.value_sum / child.visits
     return mean + exploration * math.sqrt(math.log(max(parent_visits, 1)) / child.visits)
-
-
-def reward_of(verdict: Verdict | None) -> float:
-    """The search reward: the pass fraction on the reward tests (0 for invalid rewrites)."""
-    return verdict.pass_fraction if verdict is not None else 0.0
-
-
-def tied_at_top(nodes: Sequence[Node]) -> list[Node]:
-    """The nodes that pass the most reward tests (what a tie-break chooses among)."""
-    if not nodes:
-        return []
-    top = max(reward_of(node.verdict) for node in nodes)
-    return [node for node in nodes if reward_of(node.verdict) == top]
 
 
 @dataclass

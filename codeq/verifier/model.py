@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from codeq.config import CodeQConfig
 from codeq.errors import CorruptInputError, MissingInputError, VerifierLineageError
-from codeq.schemas import Lineage, Node, Task
+from codeq.schemas import Lineage, Node, Task, tied_at_top
 from codeq.verifier.data import encode
 
 log = logging.getLogger(__name__)
@@ -190,10 +190,6 @@ def logits_to_scores(
     return scores
 
 
-def _reward(node: Node) -> float:
-    return node.verdict.pass_fraction if node.verdict is not None else 0.0
-
-
 class VerifierTieBreak:
     """A `codeq.search.tree.TieBreak`: the verifier's scores where they decide, i.e. for the
     rewrites that pass the most reward tests when they hold two or more distinct programs (0
@@ -209,8 +205,8 @@ class VerifierTieBreak:
     def __call__(self, task: Task, nodes: Sequence[Node]) -> list[float]:
         if not nodes:
             return []
-        top = max(_reward(node) for node in nodes)
-        tied = {node.program for node in nodes if _reward(node) == top}
+        at_top = {id(node) for node in tied_at_top(nodes)}
+        tied = {node.program for node in nodes if id(node) in at_top}
         if len(tied) < 2:
             return [0.0] * len(nodes)
         self.decided += 1
@@ -218,4 +214,4 @@ class VerifierTieBreak:
         scores = dict(
             zip(programs, self.verifier.score([(task, p) for p in programs]), strict=True)
         )
-        return [scores[node.program] if _reward(node) == top else 0.0 for node in nodes]
+        return [scores[node.program] if id(node) in at_top else 0.0 for node in nodes]
