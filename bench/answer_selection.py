@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from verifier_auc import kept_score_key, read_kept_scores  # noqa: E402
 
-from codeq.schemas import Task, Trajectory, tied_at_top  # noqa: E402
+from codeq.schemas import Node, Task, Trajectory, tied_at_top  # noqa: E402
 from codeq.search.tree import TieBreak, critique_tie_break, final_answer  # noqa: E402
 
 # Declared before the first run (docs/results/answer-selection/README.md): agreement becomes
@@ -96,10 +96,14 @@ class CommittedScores:
         return all(kept_score_key(task, program) in self.scores for program in programs)
 
 
+def tied_nodes(tree: Trajectory) -> list[Node]:
+    """The valid tested rewrites at the top of the visible tests."""
+    return tied_at_top([node for node in tree.nodes[1:] if node.valid and node.verdict is not None])
+
+
 def tied_programs(tree: Trajectory) -> list[str]:
-    """The distinct programs of the valid tested rewrites at the top of the visible tests."""
-    nodes = [node for node in tree.nodes[1:] if node.valid and node.verdict is not None]
-    return sorted({node.program for node in tied_at_top(nodes)})
+    """The distinct programs of `tied_nodes`."""
+    return sorted({node.program for node in tied_nodes(tree)})
 
 
 def answers(trees: list[Trajectory], tasks: dict[str, Task], tie_break: TieBreak) -> dict:
@@ -228,9 +232,8 @@ def explain(
     )
     for tree in [tree for tree in trees if tree.task_id in lost]:
         task = tasks[tree.task_id]
-        nodes = [node for node in tree.nodes[1:] if node.valid and node.verdict is not None]
-        tied = tied_at_top(nodes)
-        programs = tuple(sorted({node.program for node in tied}))
+        tied = tied_nodes(tree)
+        programs = tuple(tied_programs(tree))
         group_of = agreement.cache.get((task.task_id, programs), {})
         losers = [name for name, values in solved.items() if not values[task.task_id]]
         print(f"{mode} {task.task_id} ({task.slug}), lost by {', '.join(losers)}:", flush=True)

@@ -467,11 +467,10 @@ def carry_eval_progress(
     if not (folder / PARTIAL_FILE).is_file() or finished_record(results, number).is_file():
         return None
     entry = json.loads((folder / PARTIAL_FILE).read_text())
-    round_prefix = tasks_manifest_key.rsplit("/", 2)[0]
-    recorded_key = f"{round_prefix}/tasks/MANIFEST.json"
-    if recorded_key not in entry["keys"]:
+    if tasks_manifest_key not in entry["keys"]:
         return None
-    recorded = committed_content(folder, recorded_key, entry["keys"][recorded_key])
+    recorded = committed_content(folder, tasks_manifest_key, entry["keys"][tasks_manifest_key])
+    round_prefix = tasks_manifest_key.rsplit("/", 2)[0]
     built = store.get_bytes(tasks_manifest_key)
     was, now = hashlib.sha256(recorded).hexdigest(), hashlib.sha256(built).hexdigest()
     recorded_files = json.loads(recorded)["files"]

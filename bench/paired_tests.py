@@ -1426,7 +1426,7 @@ def answer_selection_entries() -> list[Entry]:
         (read(path.relative_to(RESULTS).as_posix()), path)
         for path in (RESULTS / ANSWER_SELECTION).glob("*.json")
     ]
-    seen = {("bon", "critique", "verifier")}
+    seen: set[tuple[str, str, str]] = set()
     found = []
     for run, path in sorted(runs, key=lambda item: (item[0]["date"], item[1].name)):
         name = path.relative_to(RESULTS).as_posix()
@@ -1469,14 +1469,12 @@ def decided_outcome(run: dict[str, Any], forest: str, comparison: dict[str, Any]
         return (
             f"`evaluate.agreement_probes` {run['args']['probes']}"
             if adopted
-            else ("agreement stays off")
+            else "agreement stays off"
         )
     if pair == ("agreement+verifier", "answered+verifier") and run.get("answered_decision"):
         adopted = run["answered_decision"]["adopt"]
         return (
-            "agreement ranks answered probes first"
-            if adopted
-            else ("agreement ranks by group size")
+            "agreement ranks answered probes first" if adopted else "agreement ranks by group size"
         )
     return None
 

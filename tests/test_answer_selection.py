@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import lzma
 
-from test_agreement import add_task, program
+from test_agreement import add_task, program, rewrites
 from test_bench import load_bench
 
 from codeq.config import SandboxConfig
 from codeq.sandbox import Sandbox
 from codeq.schemas import Node, Trajectory, write_jsonl
-from codeq.tasks import score_programs
 
 # All pass the visible test (add(1, 2) = 3); only the sums pass the hidden one (add(5, 7)).
 # The critique likes the constant; the three programs that raise unless a == 1 are the
@@ -27,26 +26,16 @@ VERIFIER = {"3": 0.2, "a + b": 0.8, "b + a": 0.7, **{e: 0.3 for e in RAISING}}
 
 
 def committed_tree(task) -> Trajectory:
-    programs = [program(expression) for expression, _ in REWRITES]
     with Sandbox(SandboxConfig(backend="subprocess", workers=1)) as sandbox:
-        verdicts = score_programs([(task, p) for p in programs], "visible", sandbox)
-    nodes = [Node(id=0, parent=None, depth=0, program=task.buggy_code)]
-    for index, ((_, critique), text, verdict) in enumerate(
-        zip(REWRITES, programs, verdicts, strict=True), start=1
-    ):
-        nodes.append(
-            Node(id=index, parent=0, depth=1, rollout=index, program=text, verdict=verdict)
-        )
-        nodes[-1].q_ai = critique
+        nodes = rewrites(task, [expression for expression, _ in REWRITES], sandbox)
+    for node, (_, critique) in zip(nodes, REWRITES, strict=True):
+        node.q_ai = critique
+    root = Node(id=0, parent=None, depth=0, program=task.buggy_code)
     return Trajectory(
-        task_id=task.task_id,
-        slug=task.slug,
-        level=task.level,
-        category=task.category,
-        subtype=task.subtype,
+        **task.model_dump(include={"task_id", "slug", "level", "category", "subtype"}),
         mode="bon",
         reward_tests="visible",
-        nodes=nodes,
+        nodes=[root, *nodes],
         solved=True,
         final_node=1,
     )

@@ -322,11 +322,13 @@ def record_evaluation(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict
     every distinct rewrite the evaluation wrote on validation tasks, each run on all its tests.
     None (nothing written) when the round uses neither a verifier nor execution agreement."""
     agreement = ctx.config.evaluate.agreement_probes
-    if not uses_verifier(ctx.config) and not agreement:
+    verifier_used = uses_verifier(ctx.config)
+    if not verifier_used and not agreement:
         return None
+    from codeq.search.agreement import ANSWERED_FIRST, ranking_of
     from codeq.verifier import program_auc
 
-    if uses_verifier(ctx.config):
+    if verifier_used:
         verifier, reason = available_verifier(ctx)
     else:  # the record still says agreement chose first, then the self-critique
         verifier, reason = None, "the round uses no verifier (verifier.enabled is false)"
@@ -335,7 +337,7 @@ def record_evaluation(ctx: StageContext, tasks_dir: Path, out_dir: Path) -> dict
     record: dict[str, Any] = {"tie_break": chose, "tie_break_asked": asked, "missing": reason}
     if agreement:  # absent at 0, as in records made before it
         record["agreement_probes"] = agreement
-        record["agreement_ranking"] = "answered probes, then group size"  # AgreementTieBreak
+        record["agreement_ranking"] = ranking_of(ANSWERED_FIRST)  # what evaluate's tie-break does
     if verifier is not None:
         record["verifier"] = verifier.info.model_dump(mode="json")
         validation = tasks_dir / "validation.jsonl"

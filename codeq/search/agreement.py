@@ -16,6 +16,14 @@ if TYPE_CHECKING:
     from codeq.sandbox import Sandbox
 
 
+ANSWERED_FIRST = True  # docs/results/answer-selection: adopted by its second declared rule
+
+
+def ranking_of(answered_first: bool) -> str:
+    """How agreement orders behaviours, in words (eval/verifier.json, the round report)."""
+    return "answered probes, then group size" if answered_first else "group size"
+
+
 def squash(score: float) -> float:
     """Any real score mapped into (0, 1), order kept: what keeps `then`'s scores below one
     agreeing program's worth."""
@@ -39,7 +47,7 @@ class AgreementTieBreak:
         probes: int,
         seed: int,
         then: TieBreak = critique_tie_break,
-        answered_first: bool = True,
+        answered_first: bool = ANSWERED_FIRST,
     ) -> None:
         self.sandbox, self.probes, self.seed, self.then = sandbox, probes, seed, then
         self.answered_first = answered_first
