@@ -93,6 +93,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the first round --promotion-samples decides (a chain that goes on under a "
         "rule declared after its earlier rounds: those keep the rule they were decided by)",
     )
+    parser.add_argument(
+        "--replay-rounds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="train.earlier_rounds of the rounds from --replay-from on: DPO trains on the "
+        "round's pairs and those of the K rounds before it (a kept-out round's pairs were "
+        "written by the policy the next round samples from). 0: each round's pairs alone, as "
+        "every curve began",
+    )
+    parser.add_argument(
+        "--replay-from",
+        type=int,
+        default=0,
+        metavar="ROUND",
+        help="the first round --replay-rounds trains (the rounds before keep what they trained on)",
+    )
     parser.add_argument("--test-tasks", type=int, default=60)
     parser.add_argument(
         "--validation-tasks",
@@ -191,10 +208,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def round_settings(args: argparse.Namespace, number: int) -> dict[str, Any]:
     """The config round `number` runs with: the curve's, under the promotion rule that
-    decides that round (--promotion-samples from --promotion-samples-from on)."""
+    decides that round (--promotion-samples from --promotion-samples-from on) and its replay
+    (--replay-rounds from --replay-from on)."""
     settings = curve_settings(args)
     if args.promotion_samples and number >= args.promotion_samples_from:
         settings["promotion"]["samples"] = args.promotion_samples
+    if args.replay_rounds and number >= args.replay_from:
+        settings["train"]["earlier_rounds"] = args.replay_rounds
     return settings
 
 
@@ -496,12 +516,18 @@ class Curve:
         )
 
     def round_rule(self, round_number: int, config: Any) -> Any:
-        """`config` under the promotion rule of round `round_number` (round_settings)."""
-        samples = round_settings(self.args, round_number)["promotion"]["samples"]
-        if config.promotion.samples == samples:
-            return config
-        promotion = config.promotion.model_copy(update={"samples": samples})
-        return config.model_copy(update={"promotion": promotion})
+        """`config` under the promotion rule and the replay of round `round_number`
+        (round_settings)."""
+        settings = round_settings(self.args, round_number)
+        samples = settings["promotion"]["samples"]
+        replay = settings["train"].get("earlier_rounds", 0)
+        if config.promotion.samples != samples:
+            promotion = config.promotion.model_copy(update={"samples": samples})
+            config = config.model_copy(update={"promotion": promotion})
+        if config.train.earlier_rounds != replay:
+            train = config.train.model_copy(update={"earlier_rounds": replay})
+            config = config.model_copy(update={"train": train})
+        return config
 
     def settings(self, number: int) -> dict[str, Any]:
         return portable_settings(self.args, number)
@@ -947,6 +973,8 @@ def write_summary(args: argparse.Namespace) -> dict[str, Any]:
             "round": args.promotion_samples_from,
             "samples": args.promotion_samples,
         }
+    if args.replay_rounds:  # what later rounds trained on (round-N.json's settings have each)
+        summary["replay_from"] = {"round": args.replay_from, "earlier_rounds": args.replay_rounds}
     write_result(args.results / "summary.json", summary)
     return summary
 

@@ -198,6 +198,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "verifier.max_length": 1024,
     "verifier.max_programs_per_task": 16,
     "verifier.earlier_rounds": 0,
+    "train.earlier_rounds": 0,
     "verifier.eval_fraction": 0.2,
     "verifier.seed": 42,
     "verifier.objective": "pointwise",
@@ -361,6 +362,16 @@ class TrainConfig(Section):
     )
     epochs: float = Field(1.0, gt=0.0, description="Passes over the training pairs.")
     max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: epochs).")
+    earlier_rounds: int = Field(
+        0,
+        ge=0,
+        description="Replay: DPO trains on this round's pairs and on those of up to this many "
+        "rounds of the run before it (those whose pairs stage finished), still against this "
+        "round's policy. A kept-out round's pairs were written by the very policy the next "
+        "round samples from, so they stay on-policy instead of being thrown away; pairs a "
+        "policy of another base model wrote are refused. Each round of pairs adds its share "
+        "of training time.",
+    )
     max_length: int = Field(
         2048, ge=64, description="Pairs longer than this are dropped and counted, never truncated."
     )

@@ -1,6 +1,6 @@
 """Two chained local rounds with the real SmolLM2-135M: round 1 samples from the policy round 0
 promoted (recorded lineage; logits that differ from the base) and trains on it as DPO's reference,
-and its evaluation reuses the trees round 0 searched for that policy; a round whose predecessor
+on its own pairs and, replayed, round 0's (train.earlier_rounds), and its evaluation reuses the trees round 0 searched for that policy; a round whose predecessor
 has not finished is refused."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ SETTINGS = {
         "eval_fraction": 0.0,
         "precision": "fp32",
         "max_length": 1024,
+        "earlier_rounds": 1,  # round 1 replays round 0's pairs, which the base model wrote
     },
     "verifier": {"max_length": 256},  # the builtin tasks' programs whole, and less compute
     "evaluate": {"modes": ["full_rewrite"], "max_tasks": 2},
@@ -143,7 +144,18 @@ def test_two_chained_rounds_sample_and_train_on_the_promoted_policy(tmp_path, mo
         _file(store, round1.stage("adapter"), "provenance.json", tmp_path).read_text()
     )
     assert Lineage.model_validate(provenance["trained_on"]) == candidate
+    # replayed: round 0's pairs (written by the base) train round 1's adapter too, still
+    # against round 1's policy
+    round0_pairs = read_jsonl(_file(store, round0.stage("pairs"), "pairs.jsonl", tmp_path), Pair)
+    assert round0_pairs and all(p.policy == base for p in round0_pairs)
+    train_marker = store.marker(round1.stage("adapter"))
+    assert train_marker["replayed"] == {"round 0": len(round0_pairs)}
+    assert train_marker["own_pairs"] == len(pairs)
+    assert train_marker["pairs"] == len(pairs) + len(round0_pairs)
+    assert "round 0 pairs" in train_marker["fingerprint"]["inputs"]
+    assert "replayed" not in store.marker(round0.stage("adapter"))
     metrics = store.get_json(round1.stage("adapter") + "/metrics.json")
+    assert metrics["pairs"]["total"] == len(pairs) + len(round0_pairs)
     assert f"merged/{merged_key(candidate)}" in metrics["base_model"]
     first = metrics["steps"][0]  # before the first update the LoRA is zero: the policy is the
     assert first["rewards/chosen"] == pytest.approx(0.0, abs=1e-5)  # reference, so DPO's

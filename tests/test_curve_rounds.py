@@ -165,6 +165,8 @@ def test_a_chain_going_on_under_the_powered_rule_keeps_its_earlier_rounds_rule()
     assert rounds
     for path in rounds:
         number = json.loads(path.read_text())["round"]
+        if number >= 15:
+            continue  # the third segment's, under --replay-rounds (the next test)
         now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
         recorded = json.loads(path.read_text())["settings"]
         assert curve_rounds.settings_changes(recorded, now) == [], path
@@ -176,6 +178,36 @@ def test_a_chain_going_on_under_the_powered_rule_keeps_its_earlier_rounds_rule()
         curve_rounds.effective_settings(learning_curve.portable_settings(args, 11)),
     )
     assert changed == ["promotion.samples 0 -> 8"]
+
+
+def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds():
+    """--replay-rounds K from round N (the third segment): every committed round before N
+    restores as it was trained (each round's pairs alone); round N and later train on K earlier
+    rounds' pairs too, and the config each round runs with says so."""
+    import learning_curve
+
+    from codeq.config import load_config
+
+    command = [
+        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
+        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
+        "--rounds", "20", "--stop-after-promotions", "2",
+        "--promotion-samples", "8", "--promotion-samples-from", "11",
+        "--replay-rounds", "3", "--replay-from", "15",
+    ]  # fmt: skip
+    args = learning_curve.parse_args(command)
+    for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
+        number = json.loads(path.read_text())["round"]
+        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
+        recorded = json.loads(path.read_text())["settings"]
+        assert curve_rounds.settings_changes(recorded, now) == [], path
+    assert load_config(None, learning_curve.round_settings(args, 15)).train.earlier_rounds == 3
+    assert load_config(None, learning_curve.round_settings(args, 14)).train.earlier_rounds == 0
+    changed = curve_rounds.settings_changes(
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, 14)),
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, 15)),
+    )
+    assert changed == ["train.earlier_rounds 0 -> 3"]
 
 
 def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(tmp_path):

@@ -122,6 +122,18 @@ def test_report_renders_json_markdown_and_self_contained_html(tmp_path) -> None:
     assert "http://" not in html and "https://" not in html  # nothing fetched when opened
 
 
+def test_report_says_which_pairs_were_replayed_from_earlier_rounds(tmp_path) -> None:
+    replaying = {**TRAIN_METRICS, "replayed": {"round 3": 4, "round 4": 3}}
+    render_report(tmp_path / "report", train_metrics=replaying, pair_stats=PAIR_STATS)
+    line = "replayed from earlier rounds (train.earlier_rounds): round 3: 4, round 4: 3 of the 10"
+    assert line in (tmp_path / "report" / "report.md").read_text()
+    assert (
+        "round 3: 4, round 4: 3 of the 10 pairs" in (tmp_path / "report" / "index.html").read_text()
+    )
+    render_report(tmp_path / "alone", train_metrics=TRAIN_METRICS, pair_stats=PAIR_STATS)
+    assert "replayed" not in (tmp_path / "alone" / "report.md").read_text()
+
+
 def test_report_draws_intervals_whose_ends_drift_past_the_rate(tmp_path) -> None:
     # results written before wilson_interval pinned its ends: 0 of n with a lower bound ~1e-17
     base = results("smollm2", {"a": False, "b": False, "c": False}, None)

@@ -181,3 +181,28 @@ def test_length_bucketing_batches_pairs_of_similar_length(tmp_path, tiny_model_d
         ratios[bucketing] = PaddingMeter.of(batches).ratio
     assert ratios[True] > 0.85
     assert ratios[False] < 0.75
+
+
+def test_replayed_pairs_train_against_this_rounds_policy_of_the_same_base_only() -> None:
+    from codeq.schemas import AdapterLink, Lineage
+    from codeq.train.dpo import common_pair_policy
+
+    base = Lineage(base_model="qwen", base_sha256="a" * 64)
+    promoted = base.extended(AdapterLink(round=3, sha256="b" * 64, source="runs/r/round-3/adapter"))
+    other_base = Lineage(base_model="smollm2", base_sha256="c" * 64)
+    earlier, own = make_pairs(2), make_pairs(2)
+    for pair in earlier:
+        pair.policy = base
+    for pair in own:
+        pair.policy = promoted
+    # one round's pairs: their writer is the reference; several writers need one named
+    assert common_pair_policy(own) == promoted
+    with pytest.raises(BadInputError, match="2 different policies"):
+        common_pair_policy(own + earlier)
+    assert common_pair_policy(own + earlier, reference=promoted) == promoted
+    stranger = make_pairs(1)
+    stranger[0].policy = other_base
+    with pytest.raises(BadInputError, match="another base model") as refused:
+        common_pair_policy(own + stranger, reference=promoted)
+    assert "smollm2" in str(refused.value) and "qwen" in str(refused.value)
+    assert "train.earlier_rounds" in refused.value.hint

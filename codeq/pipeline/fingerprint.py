@@ -78,6 +78,7 @@ TRAIN_KEYS = [
     "train.gradient_accumulation_steps",
     "train.epochs",
     "train.max_steps",
+    "train.earlier_rounds",
     "train.max_length",
     "train.precision",
     "train.length_bucketing",

@@ -261,11 +261,18 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     promoted policy, which is thus DPO's reference). With zero pairs there is nothing to learn
     from: the marker records `trained: false` and later stages keep the current policy."""
     prefix = ctx.layout.stage("adapter")
-    run = _begin(ctx, prefix, "train", inputs={"pairs": ctx.layout.stage("pairs")})
+    replayed = replayed_rounds(ctx)
+    inputs = {"pairs": ctx.layout.stage("pairs")}
+    inputs |= {
+        f"round {number} pairs": ctx.layout.of_round(number).stage("pairs") for number in replayed
+    }
+    run = _begin(ctx, prefix, "train", inputs=inputs)
     if run.skipped:
         return run.skipped
     pairs_dir = _download_stage(ctx, "pairs", "pairs", "train-in")
-    n_pairs = _count_lines(pairs_dir / "pairs.jsonl")
+    own_pairs = _count_lines(pairs_dir / "pairs.jsonl")
+    pairs_path, replayed_counts = _replay_pairs(ctx, pairs_dir, replayed)
+    n_pairs = own_pairs + sum(replayed_counts.values())
     if n_pairs == 0:
         log("train: the pairs stage produced no pairs; no adapter is trained this round")
         empty = ctx.workdir("adapter-empty")
@@ -282,19 +289,23 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     checkpoints = CheckpointTarget(ctx.config.store, progress_prefix, run.fingerprint.to_json())
     log(f"train: DPO with LoRA on {n_pairs} pairs, on (and against) {trained_on.describe()}")
     metrics = train_dpo(
-        pairs_dir / "pairs.jsonl",
+        pairs_path,
         out_dir,
         policy_config(ctx, trained_on),
         checkpoints=checkpoints,
         resume_from=resume_from,
+        reference=trained_on if replayed_counts else None,
     )
     adapter_dir = out_dir / "adapter"
+    if replayed_counts:  # which of the pairs it trained on came from earlier rounds
+        metrics["replayed"] = replayed_counts
     write_json(adapter_dir / "metrics.json", metrics)
     log(f"train: uploading the adapter to {ctx.store.describe(prefix)}")
     ctx.store.put_dir(prefix, adapter_dir)
     summary = {
         "trained": True,
         "pairs": n_pairs,
+        **({"replayed": replayed_counts, "own_pairs": own_pairs} if replayed_counts else {}),
         "trained_on": trained_on.id,
         "global_steps": metrics.get("global_steps"),
         "resumed_from_step": metrics.get("resumed_from_step"),
@@ -306,6 +317,49 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 TRAIN_PROGRESS = "train-progress"
+
+
+def replayed_rounds(ctx: StageContext) -> list[int]:
+    """The earlier rounds whose pairs this round's DPO trains on too (train.earlier_rounds):
+    each of that many rounds before this one whose pairs stage finished (one that did not is
+    left out, with a line saying so)."""
+    first = max(0, ctx.layout.round - ctx.config.train.earlier_rounds)
+    replayed = []
+    for number in range(first, ctx.layout.round):
+        prefix = ctx.layout.of_round(number).stage("pairs")
+        if ctx.store.is_complete(prefix):
+            replayed.append(number)
+        else:
+            log(
+                f"train: round {number}'s pairs are not replayed: {ctx.store.describe(prefix)} "
+                "is not complete"
+            )
+    return replayed
+
+
+def _replay_pairs(
+    ctx: StageContext, pairs_dir: Path, replayed: list[int]
+) -> tuple[Path, dict[str, int]]:
+    """The pairs DPO trains on: this round's (pairs_dir/pairs.jsonl) alone, or with the
+    replayed rounds' after them in one file, and how many each of those gave ("round N")."""
+    if not replayed:
+        return pairs_dir / "pairs.jsonl", {}
+    lines = _jsonl_lines(pairs_dir / "pairs.jsonl")
+    counts: dict[str, int] = {}
+    for number in replayed:
+        earlier = ctx.workdir(f"train-in-round-{number}")
+        ctx.store.get_dir(ctx.layout.of_round(number).stage("pairs"), earlier)
+        replayed_lines = _jsonl_lines(earlier / "pairs.jsonl")
+        counts[f"round {number}"] = len(replayed_lines)
+        lines += replayed_lines
+    path = ctx.workdir("train-pairs") / "pairs.jsonl"
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    log(f"train: replaying {sum(counts.values())} pairs of earlier rounds ({counts})")
+    return path, counts
+
+
+def _jsonl_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _pairs_policy(ctx: StageContext, pairs_dir: Path) -> Lineage:

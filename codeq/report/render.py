@@ -101,6 +101,7 @@ def build_summary(
                 "heldout_reward_accuracy_final",
                 "best_step",
                 "tokens",
+                "replayed",
             )
         }
     evaluations = (("evaluation", results), ("base_evaluation", base_results))

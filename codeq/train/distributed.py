@@ -34,7 +34,7 @@ from typing import Any
 
 from codeq.config import CodeQConfig, TrainConfig
 from codeq.errors import CodeQError, ConfigError, TrainingProcessError
-from codeq.schemas import write_json
+from codeq.schemas import Lineage, write_json
 from codeq.train.checkpoints import CheckpointTarget
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ def launch_ranks(
     config: CodeQConfig,
     checkpoints: CheckpointTarget | None = None,
     resume_from: Path | None = None,
+    reference: Lineage | None = None,
 ) -> dict[str, Any]:
     """Run DPO in config.train.processes processes; return the metrics rank 0 wrote."""
     processes = config.train.processes
@@ -126,6 +127,7 @@ def launch_ranks(
             "config": config.model_dump(mode="json"),
             "checkpoints": checkpoints.to_json() if checkpoints is not None else None,
             "resume_from": str(resume_from) if resume_from is not None else None,
+            "reference": reference.model_dump(mode="json") if reference is not None else None,
         },
     )
     log.info(

@@ -392,15 +392,26 @@ def _make_callback(
     return GuardAndBestCallback()
 
 
-def common_pair_policy(pairs: list[Pair]) -> Lineage | None:
-    """The policy that wrote every pair: DPO's reference, which the adapter is trained on."""
+def common_pair_policy(pairs: list[Pair], reference: Lineage | None = None) -> Lineage | None:
+    """DPO's reference, which the adapter is trained on: the policy that wrote every pair, or
+    `reference` where earlier rounds' pairs are replayed (train.earlier_rounds), whose writers
+    may be earlier policies of the same base model but of no other."""
     lineages = {pair.policy.id: pair.policy for pair in pairs if pair.policy is not None}
-    if len(lineages) > 1:
-        raise BadInputError(
-            f"the pairs come from {len(lineages)} different policies",
-            hint="train on the pairs of one round (one collect stage)",
-        )
-    return next(iter(lineages.values()), None)
+    if reference is None:
+        if len(lineages) > 1:
+            raise BadInputError(
+                f"the pairs come from {len(lineages)} different policies",
+                hint="train on the pairs of one round (one collect stage)",
+            )
+        return next(iter(lineages.values()), None)
+    for writer in lineages.values():
+        if writer.base_sha256 != reference.base_sha256:
+            raise BadInputError(
+                f"replayed pairs were written by {writer.describe()}, another base model than "
+                f"the one trained: {reference.describe()}",
+                hint="replay only rounds of this run's base model (lower train.earlier_rounds)",
+            )
+    return reference
 
 
 def write_provenance(adapter_dir: Path, policy: Lineage | None) -> None:
@@ -562,15 +573,17 @@ def train_dpo(
     config: CodeQConfig,
     checkpoints: CheckpointTarget | None = None,
     resume_from: Path | None = None,
+    reference: Lineage | None = None,
 ) -> dict[str, Any]:
     """Train a LoRA adapter with DPO on pairs; write out_dir/adapter/ and out_dir/metrics.json.
     With train.processes > 1 in that many data-parallel processes (same files, same metrics).
     `checkpoints`: where checkpoints are copied as training goes; `resume_from`: a checkpoint
-    folder (one of those copies) to continue from instead of step 0."""
+    folder (one of those copies) to continue from instead of step 0; `reference`: the policy
+    trained on when the pairs come from several (common_pair_policy)."""
     require_tracking_client(config.train.report_to)
     out_dir = Path(out_dir)
     pairs = load_pairs(Path(pairs_path))
-    common_pair_policy(pairs)
+    common_pair_policy(pairs, reference)
     batch_plan(config.train)  # a batch the processes cannot share fails before they start
     if config.train.processes > 1:
         path = Path(pairs_path)
@@ -580,8 +593,9 @@ def train_dpo(
             config,
             checkpoints,
             resume_from,
+            reference,
         )
-    return train_in_this_process(pairs, out_dir, config, checkpoints, resume_from)
+    return train_in_this_process(pairs, out_dir, config, checkpoints, resume_from, reference)
 
 
 def _sum_over_ranks(trainer: Any, meter: PaddingMeter) -> None:
@@ -603,12 +617,13 @@ def train_in_this_process(
     config: CodeQConfig,
     checkpoints: CheckpointTarget | None = None,
     resume_from: Path | None = None,
+    reference: Lineage | None = None,
 ) -> dict[str, Any]:
     """train_dpo in this process: the whole run, or one rank of N (only rank 0 writes files)."""
     from peft import set_peft_model_state_dict
 
     out_dir = Path(out_dir)
-    policy = common_pair_policy(pairs)
+    policy = common_pair_policy(pairs, reference)
     prepared = build_trainer(pairs, out_dir, config, checkpoints)
     trainer, callback, tokenizer = prepared.trainer, prepared.callback, prepared.tokenizer
     resumed_step = checkpoint_step(resume_from) if resume_from is not None else None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from codeq.config import CodeQConfig
 from codeq.errors import EXIT_INTERNAL, EXIT_OK, CodeQError
+from codeq.schemas import Lineage
 from codeq.train.checkpoints import CheckpointTarget
 from codeq.train.distributed import record_rank_error, this_rank
 from codeq.train.dpo import load_pairs, train_in_this_process
@@ -35,12 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         config = CodeQConfig.model_validate(spec["config"])
         checkpoints = spec.get("checkpoints")
         resume_from = spec.get("resume_from")
+        reference = spec.get("reference")
         train_in_this_process(
             load_pairs(Path(spec["pairs"])),
             out_dir,
             config,
             CheckpointTarget.from_json(checkpoints) if checkpoints else None,
             Path(resume_from) if resume_from else None,
+            Lineage.model_validate(reference) if reference else None,
         )
     except Exception as exc:
         record_rank_error(out_dir, exc)
