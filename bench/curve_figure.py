@@ -110,7 +110,7 @@ def load_curve(folder: Path) -> list[dict[str, Any]]:
         name = entry["test_policy"] or entry["test_candidate"]
         results = EvalResults.load(folder / f"{name}-test.json")
         wanted = Lineage.model_validate(entry["incumbent"]).id
-        incumbent = next(key for key, value in loaded.items() if value.policy.id == wanted)
+        incumbent = named_policy(loaded, wanted)
         loaded[name] = results
         paired, source = validation_of(folder, entry)
         rows.append(
@@ -175,7 +175,7 @@ def load_defaults_curve(folder: Path) -> list[dict[str, Any]]:
             rows.append(base_row(base, rate(paired.incumbent_solved, paired.tasks)))
         test = round_eval(folder, number, "candidate", "test")
         wanted = Lineage.model_validate(entry["incumbent"]).id
-        incumbent = next(key for key, value in loaded.items() if value.policy.id == wanted)
+        incumbent = named_policy(loaded, wanted)
         name = f"round-{number}"
         loaded[name] = test
         rows.append(
@@ -257,6 +257,15 @@ def rate_text(figure: dict[str, Any]) -> str:
 def p_text(p: float) -> str:
     """0.03125 -> '0.031', 0.5 -> '0.5', 1.0 -> '1', 0.0004 -> '< 0.001'."""
     return "< 0.001" if p < 0.001 else f"{p:.3f}".rstrip("0").rstrip(".")
+
+
+def named_policy(loaded: dict[str, EvalResults], lineage_id: str) -> str:
+    """The name under which `loaded` holds the results of the policy with this lineage id."""
+    return next(
+        name
+        for name, results in loaded.items()
+        if results.policy is not None and results.policy.id == lineage_id
+    )
 
 
 def paired_text(paired: ModeComparison | None, against: str | None) -> str:
@@ -381,7 +390,8 @@ def replication_table(rows: list[tuple[str, dict[str, Any], ModeComparison | Non
     names = {"base": "base", "round0": "round 0"}
     lines = ["| policy | full_rewrite, 137 other test tasks |", "|---|---|"]
     for (label, figure, paired), (_, _, against) in zip(rows, REPLICATION, strict=True):
-        lines.append(f"| {label} | {rate_text(figure)}{paired_text(paired, names.get(against))} |")
+        named = names.get(against) if against is not None else None
+        lines.append(f"| {label} | {rate_text(figure)}{paired_text(paired, named)} |")
     return "\n".join(lines)
 
 
