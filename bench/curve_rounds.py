@@ -457,8 +457,11 @@ def carry_eval_progress(
     of the machine that searched them. Where this machine's prepare built other train tasks
     (the same tasks, `same_searched_tasks`) but the same validation and test files, which are
     all an evaluation reads, those trees stand: each progress record's tasks checksum becomes
-    this machine's manifest's. Any other difference (config, adapter, held-out files) is left
-    for the evaluate stage to refuse. A note when a record was carried, else None."""
+    this machine's manifest's. A held-out file that differs because this machine built round
+    0's where the round's record was not (`held_out_as_round_0s`) takes the trees saved on it
+    with it: they are deleted, searched again on round 0's, and the other split's trees stand.
+    Any other difference (config, adapter, other held-out files) is left for the evaluate
+    stage to refuse. A note when a record was carried, else None."""
     import hashlib
 
     from codeq.pipeline.fingerprint import Fingerprint
@@ -475,10 +478,24 @@ def carry_eval_progress(
     was, now = hashlib.sha256(recorded).hexdigest(), hashlib.sha256(built).hexdigest()
     recorded_files = json.loads(recorded)["files"]
     built_files = json.loads(built)["files"]
-    if was == now or any(
-        recorded_files.get(name) != built_files.get(name) for name in HELD_OUT_READ_BY_EVALUATE
+    moved = [
+        name
+        for name in HELD_OUT_READ_BY_EVALUATE
+        if recorded_files.get(name) != built_files.get(name)
+    ]
+    if was == now or not all(
+        is_round_0s(results, name, (built_files.get(name) or {}).get("sha256", ""))
+        for name in moved
     ):
         return None
+    dropped = [
+        key
+        for key in store.list(f"{round_prefix}/eval-progress")
+        for name in moved
+        if f"/{name.removesuffix('.jsonl')}/" in key.removeprefix(f"{round_prefix}/eval-progress")
+    ]
+    for key in dropped:
+        store.delete(key)
     carried = []
     for key in store.list(f"{round_prefix}/eval-progress"):
         if not key.endswith("/PROGRESS.json"):
@@ -494,9 +511,17 @@ def carry_eval_progress(
         carried.append(key.removeprefix(f"{round_prefix}/"))
     if not carried:
         return None
+    other = [n for n in TASK_FILES if recorded_files.get(n) != built_files.get(n)]
+    searched_again = (
+        f"; the {len(dropped)} objects it saved on {' and '.join(moved)} are deleted, to be "
+        "searched again on round 0's"
+        if moved
+        else ""
+    )
     return (
         f"round {number}: its saved evaluation trees ({', '.join(carried)}) stand with the "
-        "tasks built here: the same validation and test files, another train file"
+        f"tasks built here (other {' and '.join(other) or 'report'} than its record)"
+        f"{searched_again}"
     )
 
 
@@ -515,10 +540,12 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
     - Once a round's collect finished, its train tasks (the ones it searched) may differ in
       content but not in which tasks they are: the round's trees, pairs and adapter stand as
       committed, and later rounds read only the validation and test files.
-    - A finished round whose recorded validation or test tasks were not round 0's (its prepare
-      dropped one, which reorders the split) is rebuilt here with round 0's, the ones every new
-      round must have (`prepare_held_out_alike`): its committed evaluation stands as made on its
-      own tasks, and nothing later reads that round's held-out files."""
+    - A round whose recorded validation or test file was not round 0's (its prepare dropped a
+      test, or a task, which reorders the split) is rebuilt here with round 0's, the ones every
+      new round must have (`prepare_held_out_alike`). A finished round's committed evaluation
+      stands as made on its own tasks, and nothing later reads that round's held-out files; a
+      round under way evaluates on round 0's, its trees saved on the other file searched again
+      (`carry_eval_progress`)."""
     from codeq.errors import CorruptInputError
 
     path = committed_record(results, number)
@@ -539,9 +566,9 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
         if note:
             differing.remove("train.jsonl")
             notes.append(note)
-    if finished and number > 0:
+    if number > 0:
         for name in [name for name in differing if name in HELD_OUT_FILES]:
-            note = held_out_as_round_0s(results, number, name, now[name], recorded[name])
+            note = held_out_as_round_0s(results, number, name, now[name], recorded[name], finished)
             if note:
                 differing.remove(name)
                 notes.append(note)
@@ -605,21 +632,30 @@ def same_searched_tasks(
 
 
 def held_out_as_round_0s(
-    results: Path, number: int, name: str, built: str, recorded: str
+    results: Path, number: int, name: str, built: str, recorded: str, finished: bool = True
 ) -> str | None:
-    """A note when held-out file `name` built here for finished round `number` is round 0's
-    and the round's recorded one was not, else None."""
-    first = committed_record(results, 0)
-    if first is None:
+    """A note when held-out file `name` built here for round `number` (finished, or under way)
+    is round 0's and the round's recorded one was not, else None."""
+    if not is_round_0s(results, name, built) or is_round_0s(results, name, recorded):
         return None
-    first_sha256 = json.loads(first.read_text())["tasks_sha256"].get(name)
-    if built != first_sha256 or recorded == first_sha256:
-        return None
-    return (
-        f"round {number} was made on other {name} tasks than round 0's (sha256 "
-        f"{recorded[:12]} recorded, round 0's {built[:12]}); this machine built round 0's, "
-        "as every new round must: its committed evaluation stands as made on its own tasks"
+    what = f"round {number}" if finished else f"round {number}'s partial copy"
+    then = (
+        "its committed evaluation stands as made on its own tasks"
+        if finished
+        else "its evaluation goes on with them, and the trees it saved on the other file are "
+        "searched again"
     )
+    return (
+        f"{what} was made on other {name} tasks than round 0's (sha256 "
+        f"{recorded[:12]} recorded, round 0's {built[:12]}); this machine built round 0's, "
+        f"as every new round must: {then}"
+    )
+
+
+def is_round_0s(results: Path, name: str, sha256: str) -> bool:
+    """Whether `sha256` is that of the curve's round 0's split file `name` (its record in git)."""
+    first = committed_record(results, 0)
+    return first is not None and json.loads(first.read_text())["tasks_sha256"].get(name) == sha256
 
 
 def searched_task_ids(folder: Path, entry: dict[str, Any]) -> set[str]:

@@ -234,8 +234,9 @@ def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(
 def test_a_finished_round_made_on_other_held_out_tasks_is_rebuilt_with_round_0s(tmp_path):
     """Prepare that lost an oracle answer dropped a test task and reordered the test split
     (round 8 of the third curve): a fresh machine builds round 0's test tasks for it, as every
-    new round must, and the round stands as committed; any other test file is refused, and so
-    is a round under way whose held-out tasks moved."""
+    new round must, and the round stands as committed (one under way goes on with them); any
+    other test file is refused, and so
+    is a round under way whose held-out tasks moved elsewhere than to round 0's."""
     store, _ = store_with_a_round(tmp_path / "store")
     results = tmp_path / "results"
 
@@ -255,12 +256,17 @@ def test_a_finished_round_made_on_other_held_out_tasks_is_rebuilt_with_round_0s(
     with pytest.raises(CorruptInputError, match=r"test\.jsonl \(sha256 d1d1"):
         curve_rounds.check_tasks(store, results, 0, prepared(0, "d1"))  # round 0 itself
 
+    # a round under way goes on with round 0's test tasks (its evaluation searches them);
+    # any other test file is still refused
     finished = curve_rounds.finished_record(results, 1)
     partial = curve_rounds.partial_folder(results, 1) / curve_rounds.PARTIAL_FILE
     partial.parent.mkdir(parents=True)
     finished.rename(partial)
+    note = curve_rounds.check_tasks(store, results, 1, prepared(1, "c0"))
+    assert note and "round 1's partial copy was made on other test.jsonl tasks" in note
+    assert "its evaluation goes on with them" in note
     with pytest.raises(CorruptInputError, match=r"partial\.json was made with: test\.jsonl"):
-        curve_rounds.check_tasks(store, results, 1, prepared(1, "c0"))
+        curve_rounds.check_tasks(store, results, 1, prepared(1, "e2"))
 
 
 def store_with_a_round_under_way(root: Path):
@@ -483,3 +489,53 @@ def test_saved_evaluation_trees_stand_where_only_the_train_file_was_built_otherw
     other.put_bytes(key, manifest(train="bb", validation="ww"))
     assert curve_rounds.carry_eval_progress(other, results, 1, key) is None
     assert other.get_json(progress)["fingerprint"]["inputs"]["tasks"] == searched_with
+
+
+def test_a_round_under_way_saved_on_another_test_file_searches_its_test_trees_again(tmp_path):
+    """Round 14 of the third curve: its partial copy's prepare (on a loaded machine) built
+    another test file than round 0's, a fresh machine builds round 0's. The saved validation
+    trees stand, carried to this machine's manifest; those saved on the test file are deleted
+    and searched again; a test file that is not round 0's leaves everything for evaluate."""
+    import hashlib
+
+    from codeq.pipeline.fingerprint import Fingerprint
+
+    def manifest(test: str) -> bytes:
+        files = {"train.jsonl": {"sha256": "aa" * 32}, "validation.jsonl": {"sha256": "vv" * 32}}
+        files["test.jsonl"] = {"sha256": test * 32}
+        return json.dumps({"version": 1, "files": files}).encode()
+
+    results = tmp_path / "results"
+    store, _ = store_with_a_round(tmp_path / "round0")
+    round0 = "runs/curve/round-0/tasks/MANIFEST.json"
+    store.put_bytes(round0, manifest(test="c0"))
+    curve_rounds.persist_round(store, results, 0, ["curve"], SETTINGS, round0)
+
+    store, _ = store_with_a_round_under_way(tmp_path / "store")
+    key = "runs/curve/round-1/tasks/MANIFEST.json"
+    store.put_bytes(key, manifest(test="d1"))  # the loaded machine's test file
+    progress = "runs/curve/round-1/eval-progress/PROGRESS.json"
+    inputs = {"tasks": hashlib.sha256(manifest(test="d1")).hexdigest()}
+    store.put_json(progress, {"fingerprint": Fingerprint({"x": 1}, inputs).to_json()})
+    on_test = "runs/curve/round-1/eval-progress/candidate/test/full_rewrite/trees/t9.json"
+    store.put_bytes(on_test, b"{}\n")
+    curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, key)
+
+    other = open_store(StoreConfig(uri=f"file://{tmp_path / 'other'}"))
+    curve_rounds.restore_partial(other, results, 1, SETTINGS)
+    other.put_bytes(key, manifest(test="e2"))  # neither recorded nor round 0's
+    assert curve_rounds.carry_eval_progress(other, results, 1, key) is None
+    assert other.exists(on_test)
+
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
+    curve_rounds.restore_partial(fresh, results, 1, SETTINGS)
+    fresh.put_bytes(key, manifest(test="c0"))  # round 0's
+    assert "its evaluation goes on" in curve_rounds.check_tasks(fresh, results, 1, key)
+    note = curve_rounds.carry_eval_progress(fresh, results, 1, key)
+    assert note and "other test.jsonl than its record" in note
+    assert "objects it saved on test.jsonl are deleted" in note
+    assert not fresh.exists(on_test)
+    kept = "runs/curve/round-1/eval-progress/candidate/validation/full_rewrite/trees/t5.json"
+    assert fresh.exists(kept)
+    carried = fresh.get_json(progress)["fingerprint"]["inputs"]
+    assert carried == {"tasks": hashlib.sha256(manifest(test="c0")).hexdigest()}
