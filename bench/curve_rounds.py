@@ -512,12 +512,14 @@ def carry_eval_progress(
     if not carried:
         return None
     other = [n for n in TASK_FILES if recorded_files.get(n) != built_files.get(n)]
-    searched_again = (
-        f"; the {len(dropped)} objects it saved on {' and '.join(moved)} are deleted, to be "
-        "searched again on round 0's"
-        if moved
-        else ""
-    )
+    searched_again = ""
+    if moved:
+        searched_again = (
+            f"; the {len(dropped)} objects it saved on {' and '.join(moved)} are deleted, to "
+            "be searched again on round 0's"
+            if dropped
+            else f"; it had saved nothing on {' and '.join(moved)}"
+        )
     return (
         f"round {number}: its saved evaluation trees ({', '.join(carried)}) stand with the "
         f"tasks built here (other {' and '.join(other) or 'report'} than its record)"
