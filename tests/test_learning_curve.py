@@ -253,6 +253,8 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     naming the file."""
     results = tmp_path / "results"
     options = ("--search-settings", "defaults", "--test-after-chain", "--learning-rates", "1e-3")
+    # round 1 replays round 0's pairs (the third curve's third segment): restored from git
+    options += ("--replay-rounds", "1", "--replay-from", "1")
     command = [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--tiny"]
     command += ["--rounds", "2", "--out", str(tmp_path / "curve"), "--results", str(results)]
     command += list(options)
@@ -308,6 +310,17 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     assert not [stage for stage in again if "round 0" in stage or "collect" in stage], lines
     assert any("round 1 train" in stage for stage in computed), lines
     assert (results / "rounds" / "round-1" / "round.json").is_file() and not partial.exists()
+    chosen = json.loads((results / "learning-rate.json").read_text())["chosen_run"]
+    store = tmp_path / "fresh" / "store" / "runs" / chosen
+    round_0_pairs = (store / "round-0" / "pairs" / "pairs.jsonl").read_text().splitlines()
+    trained = json.loads((store / "round-1" / "adapter" / "_COMPLETE").read_text())
+    assert trained["replayed"] == {"round 0": len(round_0_pairs)}
+    assert (
+        json.loads((results / "rounds" / "round-1" / "round.json").read_text())["settings"][
+            "train.earlier_rounds"
+        ]
+        == 1
+    )
 
     # --restore-only: the committed rounds and their tasks, prepared again, and nothing else
     restored = run_curve(tmp_path / "restored", results=results, extra=(*options, "--restore-only"))
