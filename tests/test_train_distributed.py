@@ -13,7 +13,7 @@ import pytest
 
 from codeq.config import StoreConfig, TrainConfig, load_config
 from codeq.errors import BadInputError, ConfigError
-from codeq.schemas import write_jsonl
+from codeq.schemas import AdapterLink, Lineage, write_jsonl
 from codeq.store import open_store
 from codeq.train.checkpoints import CheckpointTarget, latest
 from tests.test_train import make_pairs
@@ -103,11 +103,21 @@ def test_two_gloo_processes_train_the_single_process_adapter(
 
     from codeq.train import train_dpo
 
+    # half the pairs replayed from an earlier round (train.earlier_rounds): written by the
+    # policy before; each process trains against the reference the caller names
+    base = Lineage(base_model="tiny", base_sha256="a" * 64)
+    policy = base.extended(AdapterLink(round=0, sha256="b" * 64, source="runs/r/round-0/adapter"))
+    pairs = repair_pairs(debugbench_dir, 28)
+    for index, pair in enumerate(pairs):
+        pair.policy = policy if index % 2 else base
     pairs_path = tmp_path / "pairs.jsonl"
-    write_jsonl(pairs_path, repair_pairs(debugbench_dir, 28))
+    write_jsonl(pairs_path, pairs)
     settings = {"eval_fraction": 0.1, "eval_steps": 10}
     single = train_dpo(
-        pairs_path, tmp_path / "one", distributed_config(tiny_model_dir, 1, **settings)
+        pairs_path,
+        tmp_path / "one",
+        distributed_config(tiny_model_dir, 1, **settings),
+        reference=policy,
     )
     # the two processes also checkpoint after every step (they agree when, rank 0 copies)
     store_uri = f"file://{tmp_path / 'store'}"
@@ -117,7 +127,11 @@ def test_two_gloo_processes_train_the_single_process_adapter(
         tmp_path / "two",
         distributed_config(tiny_model_dir, 2, checkpoint_every_s=1e-9, **settings),
         checkpoints=target,
+        reference=policy,
     )
+    assert double["trained_on"] == single["trained_on"] == policy.model_dump()
+    provenance = json.loads((tmp_path / "two" / "adapter" / "provenance.json").read_text())
+    assert Lineage.model_validate(provenance["trained_on"]) == policy
 
     assert double == json.loads((tmp_path / "two" / "metrics.json").read_text())
     assert key_tree(double) == key_tree(single)
