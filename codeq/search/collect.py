@@ -106,14 +106,16 @@ def _search_and_append(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     bar = progress_bar(len(tasks), "collect", enabled=progress)
     bar.update(len(done))
+    searched: list[bool] = []  # solved or not, each task this process searched
 
     def append(trajectory: Trajectory) -> None:
         trajectory.policy = lineage
         write_jsonl(out_path, [trajectory], append=True)
         if on_trajectory is not None:
             on_trajectory(trajectory)
+        searched.append(trajectory.solved)
         bar.update(1)
-        bar.set_postfix(solved=trajectory.solved)
+        bar.set_postfix(solved=f"{sum(searched)} of {len(searched)}")
 
     try:
         if scorer is not None:
