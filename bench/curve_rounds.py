@@ -634,7 +634,7 @@ def same_searched_tasks(
 
 
 def held_out_as_round_0s(
-    results: Path, number: int, name: str, built: str, recorded: str, finished: bool = True
+    results: Path, number: int, name: str, built: str, recorded: str, finished: bool
 ) -> str | None:
     """A note when held-out file `name` built here for round `number` (finished, or under way)
     is round 0's and the round's recorded one was not, else None."""

@@ -1,7 +1,7 @@
 """Two chained local rounds with the real SmolLM2-135M: round 1 samples from the policy round 0
 promoted (recorded lineage; logits that differ from the base) and trains on it as DPO's reference,
-on its own pairs and, replayed, round 0's (train.earlier_rounds), and its evaluation reuses the trees round 0 searched for that policy; a round whose predecessor
-has not finished is refused."""
+on its own pairs and, replayed, round 0's (train.earlier_rounds), and its evaluation reuses the
+trees round 0 searched for that policy; a round whose predecessor has not finished is refused."""
 
 from __future__ import annotations
 

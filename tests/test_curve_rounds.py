@@ -193,7 +193,7 @@ def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds
         "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
         "--rounds", "20", "--stop-after-promotions", "2",
         "--promotion-samples", "8", "--promotion-samples-from", "11",
-        "--replay-rounds", "3", "--replay-from", "15",
+        "--replay-rounds", "2", "--replay-from", "15",
     ]  # fmt: skip
     args = learning_curve.parse_args(command)
     for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
@@ -201,13 +201,13 @@ def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds
         now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
         recorded = json.loads(path.read_text())["settings"]
         assert curve_rounds.settings_changes(recorded, now) == [], path
-    assert load_config(None, learning_curve.round_settings(args, 15)).train.earlier_rounds == 3
+    assert load_config(None, learning_curve.round_settings(args, 15)).train.earlier_rounds == 2
     assert load_config(None, learning_curve.round_settings(args, 14)).train.earlier_rounds == 0
     changed = curve_rounds.settings_changes(
         curve_rounds.effective_settings(learning_curve.portable_settings(args, 14)),
         curve_rounds.effective_settings(learning_curve.portable_settings(args, 15)),
     )
-    assert changed == ["train.earlier_rounds 0 -> 3"]
+    assert changed == ["train.earlier_rounds 0 -> 2"]
 
 
 def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(tmp_path):
