@@ -48,6 +48,15 @@ ANSWERED_RULE = (
     "validation trees, agreement then verifier with it solves more tasks than without "
     "(gained > lost) and it loses no task against agreement then critique on the other trees"
 )
+# Declared before the third run (2026-12-04, the README's third section): it reads this run's
+# answers against the second run's (--baseline), each selector at its own probe count.
+PROBES_RULE = (
+    "evaluate.agreement_probes defaults to the run's probe count if, on best-of-16's "
+    "validation trees, answered then verifier at that count solves more tasks than at the "
+    "baseline's (gained > lost) and answered then critique loses no task against the "
+    "baseline's on the other trees"
+)
+RULED_SELECTORS = {"bon": ["answered+verifier", "answered+critique"]}  # what PROBES_RULE reads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="probe inputs' seed")
     parser.add_argument("--workers", type=int, default=2, help="sandbox workers")
     parser.add_argument("--json", type=Path, required=True, help="where the result goes")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="an earlier run's record at another --probes: this run's answers are paired per "
+        "task against it (the third declared rule) instead of against each other",
+    )
     parser.add_argument(
         "--explain", action="store_true", help="list the tied programs of each task lost"
     )
@@ -288,6 +303,59 @@ def answered_decision(results: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def against_baseline(
+    results: dict[str, Any], baseline: dict[str, Any], probes: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Per forest, the selectors PROBES_RULE reads (answered then verifier on best-of-16,
+    answered then critique everywhere) paired per task: the baseline run's answers against this
+    run's, each named with its probe count ('answered+verifier@8')."""
+    earlier_probes = int(baseline["args"]["probes"])
+    paired = {}
+    for mode, forest in results.items():
+        earlier = baseline["forests"].get(mode)
+        if earlier is None:
+            continue
+        comparisons = []
+        for selector in RULED_SELECTORS.get(mode, ["answered+critique"]):
+            if selector not in forest["per_task"] or selector not in earlier["per_task"]:
+                continue
+            before, after = f"{selector}@{earlier_probes}", f"{selector}@{probes}"
+            solved_before = set(earlier["per_task"][selector])
+            solved_after = set(forest["per_task"][selector])
+            everything = solved_before | solved_after
+            solved = {
+                before: {task: task in solved_before for task in everything},
+                after: {task: task in solved_after for task in everything},
+            }
+            comparisons.append(compare(solved, before, after))
+        paired[mode] = comparisons
+    return paired
+
+
+def probes_decision(paired: dict[str, list[dict[str, Any]]], probes: int) -> dict[str, Any] | None:
+    """The third declared rule (PROBES_RULE) on `against_baseline`'s comparisons; None without
+    best-of-16's verifier answers."""
+    bon = [c for c in paired.get("bon", []) if c["baseline"].startswith("answered+verifier@")]
+    if not bon:
+        return None
+    (against,) = bon
+    elsewhere = {
+        mode: sum(c["lost"] for c in comparisons)
+        for mode, comparisons in paired.items()
+        if mode != "bon"
+    }
+    adopt = against["gained"] > against["lost"] and not any(elsewhere.values())
+    return {
+        "rule": PROBES_RULE,
+        "probes": probes,
+        "adopt": adopt,
+        "gained": against["gained"],
+        "lost": against["lost"],
+        "p_better": against["p_better"],
+        "lost_elsewhere": elsewhere,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from codeq.config import SandboxConfig
     from codeq.sandbox import Sandbox
@@ -310,10 +378,19 @@ def main(argv: list[str] | None = None) -> int:
         "args": {key: str(value) for key, value in vars(args).items()},
         "tasks": len(tasks),
         "forests": results,
-        "decision": decision(results),
-        "answered_decision": answered_decision(results),
-        "seconds": round(time.perf_counter() - started, 1),
+        "decision": None,
+        "answered_decision": None,
+        "probes_decision": None,
     }
+    if args.baseline is None:
+        record["decision"] = decision(results)
+        record["answered_decision"] = answered_decision(results)
+    else:  # the comparisons PROBES_RULE reads replace the run's own (the ledger counts these)
+        paired = against_baseline(results, json.loads(args.baseline.read_text()), args.probes)
+        for mode, comparisons in paired.items():
+            results[mode]["comparisons"] = comparisons
+        record["probes_decision"] = probes_decision(paired, args.probes)
+    record["seconds"] = round(time.perf_counter() - started, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     if record["decision"] is not None:
@@ -321,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     if record["answered_decision"] is not None:
         adopt = record["answered_decision"]["adopt"]
         print(f"answered probes first (second declared rule): adopt = {adopt}", flush=True)
+    if record["probes_decision"] is not None:
+        adopt = record["probes_decision"]["adopt"]
+        print(f"{args.probes} probes (third declared rule): adopt = {adopt}", flush=True)
     return 0
 
 

@@ -1419,7 +1419,9 @@ def answer_selection_entries() -> list[Entry]:
     new ones) is counted once, and the verifier against the critique is the verifier
     decision's comparison, counted there. The comparisons each run's declared rule reads
     decided `evaluate.agreement_probes` (best-of-16, agreement then the verifier against the
-    verifier) and how agreement ranks (answered probes first against group size alone)."""
+    verifier), how agreement ranks (answered probes first against group size alone) and how
+    many probes it runs (answered then the verifier at one count against another, a third run
+    paired against its --baseline)."""
     from curve_figure import p_text
 
     runs = [
@@ -1476,6 +1478,11 @@ def decided_outcome(run: dict[str, Any], forest: str, comparison: dict[str, Any]
         return (
             "agreement ranks answered probes first" if adopted else "agreement ranks by group size"
         )
+    probes = run.get("probes_decision")
+    if probes and pair[0].startswith("answered+verifier@"):
+        before = pair[0].split("@")[1]
+        kept = before if not probes["adopt"] else str(probes["probes"])
+        return f"`evaluate.agreement_probes` {kept}"
     return None
 
 
