@@ -18,8 +18,11 @@ store already holds must hold the committed content, never be overwritten.
 A round takes longer than a session's machine may live (collect alone about 1.5 h of 2 cores),
 so `persist_partial` also writes the round under way into `<results>/rounds/round-N-partial/`:
 its finished stages and the per-task trees its collect saved so far, with `partial.json` listing
-them like `round.json`; not train's checkpoints (LoRA with optimizer state, about 100 MB each),
-so a train in progress starts again. `restore_partial` puts them into a fresh store, and once
+them like `round.json`, and the last checkpoint of a train (or verifier) under way: the LoRA
+with its optimizer state, about 110 MB, is a lot for git, but a 43-step train of about 4 h on a
+slow machine would otherwise start again on every fresh one and never finish within one
+machine's life. `restore_partial` puts them into a fresh store (a checkpoint only where that
+store has none of its own and the stage is not finished there), and once
 prepare there rebuilt the round's tasks alike (split files' sha256), `adopt_prepare_report`
 puts back the recorded prepare report and manifest too: the collect's saved progress is
 fingerprinted with that manifest, whose report carries prepare's timings. The finished round
@@ -40,7 +43,9 @@ ROUNDS_DIR = "rounds"
 ROUND_FILE = "round.json"
 PARTIAL_FILE = "partial.json"
 PARTIAL_SUFFIX = "-partial"
-CHECKPOINT_PREFIXES = ("train-progress/", "verifier-progress/")  # too large for git
+# a stopped train's (verifier's) checkpoints, and the stage output that makes them spent
+CHECKPOINT_OUTPUTS = {"train-progress/": "adapter/", "verifier-progress/": "verifier/"}
+CHECKPOINT_PREFIXES = tuple(CHECKPOINT_OUTPUTS)
 SMALL_FILE_BYTES = 16 * 1024  # kept as they are: readable in a diff, little to gain
 TASK_FILES = ("train.jsonl", "validation.jsonl", "test.jsonl")  # what prepare must rebuild alike
 HELD_OUT_FILES = ("validation.jsonl", "test.jsonl")
@@ -84,6 +89,8 @@ def kept(key: str) -> bool:
     """Whether a round's key goes into git: not the tasks (the data set), nor the per-task
     objects a collect shard saves while it runs (its trajectories.jsonl holds them all)."""
     inside = stage_relative(key)
+    if inside.startswith(CHECKPOINT_PREFIXES):  # spent once the round finished
+        return False
     return not inside.startswith("tasks/") and "/tasks/" not in inside
 
 
@@ -95,11 +102,51 @@ def stage_relative(key: str) -> str:
 def kept_partial(key: str) -> bool:
     """Whether an unfinished round's key goes into git: its stages' outputs and the per-task
     trees a collect saved so far; of the tasks only prepare's manifest and report (not the data
-    set); no training checkpoints."""
+    set); of the training checkpoints only the last (`latest_checkpoint_keys`)."""
     inside = stage_relative(key)
     if inside.startswith("tasks/"):
         return inside in PREPARE_RECORD
     return not inside.startswith(CHECKPOINT_PREFIXES)
+
+
+def checkpoint_prefix(key: str) -> str | None:
+    """The round's checkpoint prefix (with the round's key before it) a key lies under."""
+    inside = stage_relative(key)
+    for prefix in CHECKPOINT_PREFIXES:
+        if inside.startswith(prefix):
+            return key[: len(key) - len(inside)] + prefix
+    return None
+
+
+def latest_checkpoint_keys(store: Any, keys: list[str]) -> list[str]:
+    """Of a round's keys, each checkpoint prefix's LATEST record and every key of the one
+    checkpoint it names: what a fresh machine resumes a stopped train (or verifier) from. The
+    older ones are deleted as a newer one is complete, so read the store while the stage is
+    stopped."""
+    from codeq.train.checkpoints import LATEST_NAME
+
+    chosen = []
+    for key in keys:
+        prefix = checkpoint_prefix(key)
+        if prefix is None or key != prefix + LATEST_NAME:
+            continue
+        named = f"{prefix}checkpoint-{store.get_json(key)['step']}/"
+        chosen += [key, *[other for other in keys if other.startswith(named)]]
+    return chosen
+
+
+def spent_checkpoint(store: Any, key: str) -> bool:
+    """Whether a committed checkpoint key must stay out of this store: it holds a checkpoint of
+    its own there (the machine that wrote the copy went on, or this one did), or the stage
+    it would resume finished here."""
+    from codeq.store import MARKER_NAME
+
+    prefix = checkpoint_prefix(key)
+    if prefix is None:
+        return False
+    round_key = prefix.removesuffix(prefix.split("/")[-2] + "/")
+    output = CHECKPOINT_OUTPUTS[prefix.removeprefix(round_key)]
+    return bool(store.list(prefix)) or store.exists(f"{round_key}{output}{MARKER_NAME}")
 
 
 PREPARE_RECORD = ("tasks/MANIFEST.json", "tasks/report.json")  # no split file: those are data
@@ -256,7 +303,7 @@ def persist_partial(
     tasks_sha256 = (
         task_files_sha256(store, tasks_manifest_key) if store.exists(tasks_manifest_key) else {}
     )
-    kept_keys = [key for key in keys if kept_partial(key)]
+    kept_keys = [key for key in keys if kept_partial(key)] + latest_checkpoint_keys(store, keys)
     return write_record(
         store, folder / PARTIAL_FILE, number, runs, settings, tasks_sha256, kept_keys
     )
@@ -416,6 +463,7 @@ def restore_partial(store: Any, results: Path, number: int, settings: dict[str, 
         key: recorded
         for key, recorded in entry["keys"].items()
         if stage_relative(key) not in PREPARE_RECORD  # this machine's differ in timings
+        and not spent_checkpoint(store, key)
     }
     check_store_holds(store, folder, entry, number)
     missing = {

@@ -309,7 +309,7 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
         "trajectories/shard-0/PROGRESS.json",
         "trajectories/shard-0/tasks/t0.json",
         "trajectories/shard-0/tasks/t1.json",
-    ]  # no train checkpoint: too large for git
+    ]  # train-progress holds no complete checkpoint (no LATEST.json names one): none copied
     assert curve_rounds.partial_rounds(results) == [1]
 
     # the same store went on after the copy was made: another tree saved, the state rewritten
@@ -353,6 +353,57 @@ def test_a_round_under_way_is_copied_for_git_and_goes_on_in_a_fresh_store(tmp_pa
     assert not folder.exists() and curve_rounds.partial_rounds(results) == []
     with pytest.raises(Exception, match="finished and committed already"):
         curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+
+
+def test_a_stopped_trains_last_checkpoint_goes_to_git_and_resumes_only_where_none_is_newer(
+    tmp_path,
+):
+    """A train stopped after its step-4 checkpoint (step 6's upload cut before LATEST named
+    it): the copy holds LATEST and step 4's files; a fresh store gets them and resumes there; a
+    store with a checkpoint of its own, or whose train finished, keeps what it has."""
+    from codeq.train.checkpoints import download_latest, latest
+
+    store, _ = store_with_a_round_under_way(tmp_path / "store")
+    progress = "runs/curve/round-1/train-progress/"
+    written = tmp_path / "checkpoint-4"
+    written.mkdir()
+    (written / "adapter_model.safetensors").write_bytes(random.Random(4).randbytes(1 << 15))
+    (written / "optimizer.pt").write_bytes(random.Random(5).randbytes(1 << 15))
+    (written / "trainer_state.json").write_bytes(b'{"global_step": 4}\n')
+    store.put_dir(f"{progress}checkpoint-4", written)  # as the trainer's upload: manifest last
+    step_4 = {key: store.get_bytes(key) for key in store.list(f"{progress}checkpoint-4")}
+    assert len(step_4) == 4  # the three files and their MANIFEST.json
+    store.put_bytes(f"{progress}checkpoint-6/optimizer.pt", b"cut short")
+    store.put_json(f"{progress}LATEST.json", {"step": 4, "fingerprint": {"sha256": "f"}})
+    results = tmp_path / "results"
+    manifest = "runs/curve/round-1/tasks/MANIFEST.json"
+
+    record = curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+
+    copied = sorted(key for key in record["keys"] if key.startswith(progress))
+    assert copied == sorted([f"{progress}LATEST.json", *step_4])
+    fresh = open_store(StoreConfig(uri=f"file://{tmp_path / 'fresh'}"))
+    curve_rounds.restore_partial(fresh, results, 1, SETTINGS)
+    assert latest(fresh, progress.rstrip("/"))["step"] == 4
+    for key, data in step_4.items():
+        assert fresh.get_bytes(key) == data
+    assert not fresh.exists(f"{progress}checkpoint-6/optimizer.pt")
+
+    went_on = open_store(StoreConfig(uri=f"file://{tmp_path / 'went-on'}"))
+    went_on.put_bytes(f"{progress}checkpoint-8/optimizer.pt", b"step 8")
+    went_on.put_json(f"{progress}LATEST.json", {"step": 8, "fingerprint": {"sha256": "f"}})
+    curve_rounds.restore_partial(went_on, results, 1, SETTINGS)  # no refusal: its own is newer
+    assert latest(went_on, progress.rstrip("/"))["step"] == 8
+    assert not went_on.list(f"{progress}checkpoint-4")
+
+    finished = open_store(StoreConfig(uri=f"file://{tmp_path / 'finished'}"))
+    finished.put_bytes("runs/curve/round-1/adapter/_COMPLETE", b'{"stage": "train"}\n')
+    curve_rounds.restore_partial(finished, results, 1, SETTINGS)
+    assert not finished.list(progress)  # spent: never copied into the finished round
+    download_latest(fresh, progress.rstrip("/"), tmp_path / "resume")
+    assert (tmp_path / "resume/checkpoint-4/optimizer.pt").read_bytes() == step_4[
+        f"{progress}checkpoint-4/optimizer.pt"
+    ]
 
 
 def test_a_committed_round_whose_tasks_came_out_other_is_prepared_again_then_refused(tmp_path):
