@@ -906,7 +906,8 @@ def restore_committed_rounds(args: argparse.Namespace) -> None:
 
 def persist_partial_round(args: argparse.Namespace) -> None:
     """The first round of the chosen run without a promotion decision, as far as the store
-    holds it, into <results>/rounds/round-N-partial/ (a curve can run meanwhile: it reads)."""
+    holds it, into <results>/rounds/round-N-partial/. A curve may run meanwhile (this only
+    reads), but not a train: its newer checkpoint deletes the one being copied."""
     from codeq.errors import MissingInputError
 
     curve = Curve(args)
