@@ -139,9 +139,10 @@ def test_more_probes_are_paired_per_task_against_a_baseline_run_and_decide_by_th
     assert bench.main([*common, "--probes", "1", "--json", str(one)]) == 0
     assert bench.main([*common, "--probes", "6", "--baseline", str(one), "--json", str(six)]) == 0
 
-    assert json.loads(one.read_text())["forests"]["bon"]["selectors"]["answered+verifier"][
-        "solved"
-    ] == 0
+    assert (
+        json.loads(one.read_text())["forests"]["bon"]["selectors"]["answered+verifier"]["solved"]
+        == 0
+    )
     record = json.loads(six.read_text())
     comparisons = {(c["baseline"], c["other"]): c for c in record["forests"]["bon"]["comparisons"]}
     assert set(comparisons) == {
