@@ -48,6 +48,14 @@ QWEN_GGUF = Path.home() / ".cache/codeq/models/qwen2.5-coder-0.5b-instruct-q4_k_
 DEBUGBENCH = REPO.parent / "shared" / "debugbench"
 # bon before mcts: a curve cut short between the two still holds the baseline MCTS is judged by
 TEST_MODES = ["zero_shot", "full_rewrite", "bon", "mcts"]
+# Declared 2026-11-29 (docs/results.md, "The order after the chain"): on the untouched test
+# tasks the search modes run once, as issue 37's validation decisions chose them (which search
+# answers, and what breaks its ties), not at this curve's pinned search and self-critique.
+SEARCH_MODES_WAIT = (
+    "test measurement: single pass done; the search modes' one test run is issue 37's decided "
+    "search (bench/search_modes.py with the decisions of docs/results.md), not this curve's, so "
+    "it is not run here"
+)
 # What a round's DPO is meant to change, measured right after the round; the search modes (hours
 # on CPU) follow once every round has trained, so an interrupted curve answers "did DPO help"
 # first. The later full pass evaluates only the modes a policy's result file lacks.
@@ -142,8 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="no test evaluation of the curve's own while its rounds run (each round's "
         "evaluate stage still reports its first --test-tasks test tasks): every promoted "
-        "policy is measured on test once, after the last round, on the test tasks after the "
-        "first --test-skip",
+        "policy, then every kept-out candidate, is measured single pass on test once, after "
+        "the last round, on the test tasks after the first --test-skip; the search modes are "
+        "left to their own run with the search validation chose",
     )
     parser.add_argument(
         "--test-skip",
@@ -821,13 +830,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[curve] {ending}", flush=True)
             break
     if args.test_after_chain:  # 7. once: every promoted policy single pass (the claim) first,
-        for name, policy in evaluated.values():  # then search modes, then the kept-out ones
+        for name, policy in evaluated.values():  # then the kept-out candidates'
             curve.test_modes(name, policy, SINGLE_PASS_MODES)
-    for name, policy in evaluated.values():  # 7. every mode, search included
-        curve.test_modes(name, policy, TEST_MODES)
-    if args.test_after_chain:
         for name, candidate in kept_out.values():
             curve.test_modes(name, candidate, SINGLE_PASS_MODES)
+        print(f"[curve] {SEARCH_MODES_WAIT}", flush=True)
+    else:
+        for name, policy in evaluated.values():  # 7. every mode, search included
+            curve.test_modes(name, policy, TEST_MODES)
     for number in args.search_candidates:  # 8. and of the kept-out candidates asked for
         if number not in kept_out:  # the chain ended before that round
             print(f"[curve] --search-candidates {number}: the chain ended before it", flush=True)

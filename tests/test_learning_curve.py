@@ -309,6 +309,11 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     again = [stage for stage in computed if not stage.endswith("prepare")]  # tasks: not in git
     assert not [stage for stage in again if "round 0" in stage or "collect" in stage], lines
     assert any("round 1 train" in stage for stage in computed), lines
+    # after the chain, the test measurement: single pass only; the search modes wait for the
+    # search validation chose (issue 37), never the curve's own on the untouched test tasks
+    tested = [stage for stage in computed if stage.startswith("test ")]
+    assert tested and not [stage for stage in tested if "bon" in stage or "mcts" in stage], lines
+    assert "the search modes' one test run is issue 37's" in fresh.stdout, fresh.stdout[-2000:]
     assert (results / "rounds" / "round-1" / "round.json").is_file() and not partial.exists()
     chosen = json.loads((results / "learning-rate.json").read_text())["chosen_run"]
     store = tmp_path / "fresh" / "store" / "runs" / chosen
