@@ -144,9 +144,9 @@ def spent_checkpoint(store: Any, key: str) -> bool:
     prefix = checkpoint_prefix(key)
     if prefix is None:
         return False
-    round_key = prefix.removesuffix(prefix.split("/")[-2] + "/")
-    output = CHECKPOINT_OUTPUTS[prefix.removeprefix(round_key)]
-    return bool(store.list(prefix)) or store.exists(f"{round_key}{output}{MARKER_NAME}")
+    inside = stage_relative(prefix)
+    output = prefix.removesuffix(inside) + CHECKPOINT_OUTPUTS[inside]
+    return bool(store.list(prefix)) or store.exists(output + MARKER_NAME)
 
 
 PREPARE_RECORD = ("tasks/MANIFEST.json", "tasks/report.json")  # no split file: those are data
