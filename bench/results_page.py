@@ -1,8 +1,10 @@
 """After a third-curve round is committed under docs/results/learning-curve-defaults/rounds/,
 regenerate what is computed from the committed files: the ledger page
 (docs/results/paired-tests.md), the paired-test counts and the third curve's table on
-docs/results.md, and the figure. The round's own paragraph is written by hand.
-tests/test_paired_tests.py and tests/test_curve_figure.py fail until this has run.
+docs/results.md, the figure, and what each round's DPO did to its policy
+(learning-curve-defaults/round-training.md). The round's own paragraph is written by hand.
+tests/test_paired_tests.py, tests/test_curve_figure.py and tests/test_round_training.py fail
+until this has run.
 
     .venv/bin/python bench/results_page.py
 """
@@ -56,7 +58,25 @@ def main() -> None:
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    print(f"rewrote {ledger.relative_to(REPO)}, {PAGE.relative_to(REPO)} tables, {png.name}")
+    subprocess.run(
+        [sys.executable, str(script / "round_training.py"), *ROUND_TRAINING_ARGS],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    print(
+        f"rewrote {ledger.relative_to(REPO)}, {PAGE.relative_to(REPO)} tables, {png.name}, "
+        f"{ROUND_TRAINING_ARGS[-1]}"
+    )
+
+
+# relative paths: the generated page names the command that made it
+ROUND_TRAINING_ARGS = [
+    "--rounds",
+    "docs/results/learning-curve-defaults/rounds",
+    "--markdown",
+    "docs/results/learning-curve-defaults/round-training.md",
+]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,200 @@
+"""What each committed round's DPO did to its policy, read from the files the curve keeps in git
+(docs/results/<curve>/rounds/round-N/): how the held-out pairs' implicit rewards moved from the
+first held-out evaluation to the last (DPO's reward is beta x the log-probability ratio to the
+reference, so a falling chosen reward is the chosen programs growing less likely: the
+"likelihood displacement" that DPO on a model's own samples is known for), and how the
+candidate's validation answers differ from the incumbent's in kind (rewrites returned unchanged,
+not extracted, passing the visible tests), greedy and sampled. Nothing is computed again; no
+model, no sandbox.
+
+    python bench/round_training.py --rounds docs/results/learning-curve-defaults/rounds \
+        --markdown docs/results/learning-curve-defaults/round-training.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from curve_findings import mode_findings  # noqa: E402
+
+from codeq.schemas import Trajectory  # noqa: E402
+
+ANSWERS = {"greedy": "trajectories-full_rewrite", "sampled": "trajectories-full_rewrite-samples"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=Path, required=True, help="a curve's rounds/ folder")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="the curve's budget")
+    parser.add_argument("--markdown", type=Path, help="write the table here")
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    return parser.parse_args(argv)
+
+
+def finished_rounds(folder: Path) -> list[tuple[int, Path]]:
+    """(number, its store folder) of each finished round under `folder`, in order."""
+    found = []
+    for path in folder.glob("round-*/round.json"):
+        match = re.fullmatch(r"round-(\d+)", path.parent.name)
+        if match:
+            found.append((int(match.group(1)), path.parent))
+    return sorted(found)
+
+
+def round_prefix(folder: Path, number: int) -> Path | None:
+    """The store folder (runs/<run>/round-N) of the run that trained the round, inside its
+    committed copy (round 0 also holds the base run's collect, in another run)."""
+    matches = sorted((folder / "store" / "runs").glob(f"*/round-{number}/adapter"))
+    return matches[0].parent if matches else None
+
+
+def read_stored(path: Path) -> bytes | None:
+    """A committed object, whether kept as it is or xz-compressed."""
+    if path.is_file():
+        return path.read_bytes()
+    packed = path.with_name(path.name + ".xz")
+    return lzma.decompress(packed.read_bytes()) if packed.is_file() else None
+
+
+def training(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Held-out rewards at the first and last evaluation, and the change in the chosen
+    programs' log-probability ratio (nats) between them."""
+    evals = metrics.get("eval") or []
+    beta = (metrics.get("config") or {}).get("beta") or 0.1
+    row: dict[str, Any] = {
+        "pairs": (metrics.get("pairs") or {}).get("total"),
+        "replayed": metrics.get("replayed") or {},
+        "steps": metrics.get("global_steps"),
+        "best_step": metrics.get("best_step"),
+        "heldout_evaluations": len(evals),
+    }
+    if evals:
+        first, last = evals[0], evals[-1]
+        for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies"):
+            row[f"first {key}"] = first.get(f"eval_{key}")
+            row[f"last {key}"] = last.get(f"eval_{key}")
+        row["chosen_logratio_change"] = (
+            last["eval_rewards/chosen"] - first["eval_rewards/chosen"]
+        ) / beta
+        row["rejected_logratio_change"] = (
+            last["eval_rewards/rejected"] - first["eval_rewards/rejected"]
+        ) / beta
+    return row
+
+
+def answers(round_dir: Path, role: str, name: str, max_new_tokens: int) -> dict[str, Any] | None:
+    raw = read_stored(round_dir / "eval" / role / "validation" / f"{name}.jsonl")
+    if raw is None:
+        return None
+    trees = [Trajectory.model_validate_json(line) for line in raw.decode().splitlines() if line]
+    found = mode_findings(trees, max_new_tokens)
+    kept = ("tasks", "rewrites", "unchanged", "not_extracted", "without_closing_fence")
+    return {key: found[key] for key in kept} | {
+        "passing_reward_tests": found["rewrites_passing_reward_tests"] / max(found["rewrites"], 1)
+    }
+
+
+def round_row(number: int, folder: Path, max_new_tokens: int) -> dict[str, Any] | None:
+    prefix = round_prefix(folder, number)
+    metrics_raw = read_stored(prefix / "adapter" / "metrics.json") if prefix else None
+    if prefix is None or metrics_raw is None:
+        return None
+    row: dict[str, Any] = {"round": number, "training": training(json.loads(metrics_raw))}
+    for kind, name in ANSWERS.items():
+        for role in ("incumbent", "candidate"):
+            found = answers(prefix, role, name, max_new_tokens)
+            if found is not None:
+                row.setdefault(kind, {})[role] = found
+    return row
+
+
+def percent(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def signed(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:+.{digits}f}"
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = [
+        "# What each round's DPO did to its policy",
+        "",
+        f"Generated by `{command}` from the committed rounds; do not edit by hand.",
+        "",
+        "Held-out pairs (the train stage's 10%): the chosen and rejected programs' log-probability "
+        "ratio to the reference, in nats, from the first held-out evaluation to the last, and the "
+        "reward accuracy at both. Both ratios falling is likelihood displacement: training "
+        "separates the pair by making the rejected program less likely, and the chosen one less "
+        "likely too.",
+        "",
+        "| round | pairs | steps (kept) | chosen ratio change | rejected ratio change "
+        "| accuracy first → last |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        t = row["training"]
+        lines.append(
+            f"| {row['round']} | {t['pairs']} | {t['steps']} ({t['best_step']}) "
+            f"| {signed(t.get('chosen_logratio_change'))} "
+            f"| {signed(t.get('rejected_logratio_change'))} "
+            f"| {percent(t.get('first rewards/accuracies'))} → "
+            f"{percent(t.get('last rewards/accuracies'))} |"
+        )
+    lines += [
+        "",
+        "Validation answers (143 tasks; greedy: one a task, sampled: 8 a task), incumbent → "
+        "candidate: answers that are no rewrite (the buggy program returned unchanged, or no "
+        "program at all), answers whose code block never closes (cut off at the token budget), "
+        "and answers passing the visible tests.",
+        "",
+        "| round | answers | no rewrite | no closing fence | passing visible tests |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        for kind in ANSWERS:
+            pair = row.get(kind) or {}
+            if set(pair) != {"incumbent", "candidate"}:
+                continue
+            before, after = pair["incumbent"], pair["candidate"]
+            cells = [
+                f"{percent(before[key])} → {percent(after[key])}"
+                for key in ("not_extracted", "without_closing_fence", "passing_reward_tests")
+            ]
+            lines.append(f"| {row['round']} | {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = [
+        row
+        for number, folder in finished_rounds(args.rounds)
+        if (row := round_row(number, folder, args.max_new_tokens)) is not None
+    ]
+    if not rows:
+        raise SystemExit(f"error: no finished round with a trained adapter under {args.rounds}")
+    command = "python bench/round_training.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    text = markdown(rows, command)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
