@@ -181,6 +181,9 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "search.mt_bon_turns": 3,
     "train.processes": 1,
     "train.checkpoint_every_s": 600.0,  # checkpoints never change what train computes
+    # Fingerprinted since 2026-12-04 (the best evaluated step is the adapter kept); 4 is what
+    # every committed round of the third learning curve trained with, so those stay its own.
+    "train.eval_steps": 4,
     "pairs.q_ai": "critique",
     "evaluate.tie_break": "critique",
     "evaluate.agreement_probes": 0,

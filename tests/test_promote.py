@@ -548,3 +548,22 @@ def test_a_forced_round_promotes_a_candidate_the_tests_keep_out() -> None:
     assert not unforced.promote and not unforced.forced
     nothing = decide(1, None, None, config)
     assert not nothing.promote and not nothing.forced
+
+
+def test_held_out_evaluation_steps_choose_the_adapter_kept_so_they_are_fingerprinted() -> None:
+    """train.eval_steps decides which steps' adapters compete for the best held-out accuracy:
+    a train stage at another value must not be skipped as done; at 4, the value the committed
+    curve rounds trained with before it was fingerprinted, it stays out."""
+    from codeq.config import load_config
+    from codeq.pipeline.fingerprint import stage_config
+
+    assert "train.eval_steps" not in stage_config(
+        load_config(overrides={"train": {"eval_steps": 4}}), "train"
+    )
+    assert stage_config(load_config(), "train")["train.eval_steps"] == 10
+    assert (
+        stage_config(load_config(overrides={"train": {"eval_steps": 8}}), "train")[
+            "train.eval_steps"
+        ]
+        == 8
+    )

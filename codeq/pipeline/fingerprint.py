@@ -9,7 +9,7 @@ unless forced (`codeq round --force`, CODEQ_FORCE=1 in a job, `-p force=true` on
 Left out on purpose: where things are stored (store.*, work_dir, policy.cache_dir), and knobs
 that change only speed, memory or logging and never what a stage computes: policy.device,
 batch_size, prefix_cache_tokens, cpu_threads; sandbox.backend, runsc_path, workers;
-search.parallel_trees, search.deterministic; train.gradient_checkpointing, eval_steps,
+search.parallel_trees, search.deterministic; train.gradient_checkpointing,
 checkpoint_every_s (a resumed train continues the same run), report_to;
 verifier.gradient_checkpointing, checkpoint_every_s; evaluate.confidence (the report recomputes
 intervals); promotion.patience (it decides whether a next round starts, not what a round
@@ -83,6 +83,7 @@ TRAIN_KEYS = [
     "train.precision",
     "train.length_bucketing",
     "train.eval_fraction",
+    "train.eval_steps",  # which steps are evaluated: the best of them is the adapter kept
     "train.seed",
     "policy.dtype",
     "policy.quantization",  # NF4 on CUDA trains QLoRA
