@@ -184,6 +184,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     # Fingerprinted since 2026-12-04 (the best evaluated step is the adapter kept); 4 is what
     # every committed round of the third learning curve trained with, so those stay its own.
     "train.eval_steps": 4,
+    "train.sft_weight": 0.0,
     "pairs.q_ai": "critique",
     "evaluate.tie_break": "critique",
     "evaluate.agreement_probes": 0,
@@ -374,6 +375,16 @@ class TrainConfig(Section):
         "round samples from, so they stay on-policy instead of being thrown away; pairs a "
         "policy of another base model wrote are refused. Each round of pairs adds its share "
         "of training time.",
+    )
+    sft_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of a likelihood term on the chosen programs beside the DPO loss "
+        "(TRL's loss_type ['sigmoid', 'sft']: the mean negative log-probability of the chosen "
+        "tokens), as iterative RPO adds (Pang et al., 2024, weight 1.0). DPO on a model's own "
+        "samples tends to separate a pair by making both programs less likely "
+        "(docs/results/learning-curve-defaults/round-training.md); this keeps the chosen ones "
+        "likely. 0: DPO alone.",
     )
     max_length: int = Field(
         2048, ge=64, description="Pairs longer than this are dropped and counted, never truncated."

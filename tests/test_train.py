@@ -206,3 +206,24 @@ def test_replayed_pairs_train_against_this_rounds_policy_of_the_same_base_only()
         common_pair_policy(own + stranger, reference=promoted)
     assert "smollm2" in str(refused.value) and "qwen" in str(refused.value)
     assert "train.earlier_rounds" in refused.value.hint
+
+
+def test_a_likelihood_term_on_the_chosen_programs_keeps_them_likelier_than_dpo_alone(
+    tmp_path, tiny_model_dir
+) -> None:
+    """train.sft_weight adds the chosen tokens' negative log-likelihood to DPO's loss (RPO):
+    on the same pairs, seed and steps the held-out chosen programs end likelier than under
+    DPO alone, and the loss logged is no longer DPO's alone."""
+    from codeq.train import train_dpo
+
+    pairs_path = tmp_path / "pairs.jsonl"
+    write_jsonl(pairs_path, make_pairs(16))
+    runs = {}
+    for weight in (0.0, 1.0):
+        out = tmp_path / f"sft-{weight}"
+        train_dpo(pairs_path, out, tiny_config(tiny_model_dir, sft_weight=weight, max_steps=4))
+        runs[weight] = json.loads((out / "metrics.json").read_text())
+    chosen = {weight: run["eval"][-1]["eval_logps/chosen"] for weight, run in runs.items()}
+    assert chosen[1.0] > chosen[0.0], chosen
+    first_loss = {weight: run["steps"][0]["loss"] for weight, run in runs.items()}
+    assert first_loss[1.0] > first_loss[0.0] + 0.01, first_loss  # the NLL term is in the loss

@@ -79,6 +79,7 @@ TRAIN_KEYS = [
     "train.epochs",
     "train.max_steps",
     "train.earlier_rounds",
+    "train.sft_weight",
     "train.max_length",
     "train.precision",
     "train.length_bucketing",

@@ -186,6 +186,7 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         output_dir=str(out_dir / "checkpoints"),
         learning_rate=config.learning_rate,
         beta=config.beta,
+        **loss_terms(config),
         per_device_train_batch_size=plan.per_device_batch_size,
         per_device_eval_batch_size=plan.per_device_batch_size,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
@@ -218,6 +219,13 @@ def dpo_arguments(config: TrainConfig, out_dir: Path, has_eval: bool, use_bf16: 
         # every LoRA weight gets a gradient each step: DDP need not search for unused ones
         ddp_find_unused_parameters=False,
     )
+
+
+def loss_terms(config: TrainConfig) -> dict[str, Any]:
+    """DPO's sigmoid loss, and with train.sft_weight the chosen tokens' likelihood beside it."""
+    if not config.sft_weight:
+        return {"loss_type": ["sigmoid"]}
+    return {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, config.sft_weight]}
 
 
 def lora_config(config: TrainConfig | VerifierConfig, task_type: str = "CAUSAL_LM") -> Any:
