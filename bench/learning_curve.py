@@ -489,6 +489,19 @@ class Curve:
                 flush=True,
             )
 
+    def restored_finished(self, number: int) -> bool:
+        """Whether round `number` (not round 0, whose held-out tasks every round keeps and the
+        test measurement reads) came finished from git, so that going on needs none of its
+        tasks and its prepare (about a minute a round) is left out; `--restore-only` still
+        builds and checks every committed round's tasks. A verifier that learns from earlier
+        rounds reads their tasks, so with one every round is prepared."""
+        return (
+            number > 0
+            and not self.config.verifier.enabled
+            and curve_rounds.finished_record(self.results, number).is_file()
+            and self.store.is_complete(self.ctx(number).layout.stage("report"))
+        )
+
     def persist_round(self, number: int) -> None:
         """A finished round's store objects into <results>/rounds/round-N/, for git (never
         over a round already there)."""
@@ -799,6 +812,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         else:  # 3. later rounds chain from what the run promoted so far
             for stage in ROUND_STAGES:
+                if stage == "prepare" and curve.restored_finished(number):
+                    continue  # every stage after it is done: its tasks are read by none
                 curve.stage(number, stage)
         promoted = current_policy(curve.ctx(number + 1))  # what rounds <= number promoted
         tested, candidate_tested = None, None
@@ -888,7 +903,8 @@ def persist_finished_rounds(args: argparse.Namespace) -> None:
 
 def restore_committed_rounds(args: argparse.Namespace) -> None:
     """The committed rounds into the store, each with its tasks prepared again (the data set is
-    never in git), as the curve's own loop prepares them; no round goes further."""
+    never in git) and checked against the sha256 in git; the curve's own loop prepares only round
+    0 and the rounds it computes. No round goes further."""
     from codeq.errors import MissingInputError
 
     numbers = curve_rounds.committed_rounds(args.results)

@@ -344,6 +344,17 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
         == round_1["tasks_sha256"]
     )
 
+    # both rounds finished in git (--tiny caps a curve at 2 rounds): a fresh store builds round
+    # 0's tasks (every round keeps its held-out ones) and not round 1's, which no stage reads now
+    # (about a minute a round on the real curve); nothing of round 1 is computed again
+    further = run_curve(tmp_path / "further", results=results, extra=options, rounds=2)
+    assert further.returncode == 0, further.stderr[-3000:]
+    lines = started(further)
+    computed = [line.split("] ", 1)[1].split(":")[0] for line in lines if "starting" in line]
+    assert computed == ["curve round 0 prepare"], computed
+    assert any(f"{chosen} round 1 report: done earlier" in line for line in lines), lines
+    assert any("round 1's candidate computed again: identical" in line for line in lines), lines
+
     # a committed file that fails its sha256 is refused, naming it; nothing is recomputed
     adapter = next(k for k in keys if k.endswith("adapter_model.safetensors"))
     tampered = results / "rounds" / "round-0" / keys[adapter]["file"]
