@@ -227,3 +227,37 @@ def test_a_likelihood_term_on_the_chosen_programs_keeps_them_likelier_than_dpo_a
     assert chosen[1.0] > chosen[0.0], chosen
     first_loss = {weight: run["steps"][0]["loss"] for weight, run in runs.items()}
     assert first_loss[1.0] > first_loss[0.0] + 0.01, first_loss  # the NLL term is in the loss
+
+
+def test_held_out_evaluations_reuse_the_references_log_probs_and_compute_the_same(
+    tmp_path, tiny_model_dir, monkeypatch
+) -> None:
+    """The reference's log-probabilities of each held-out batch are computed at the first
+    evaluation only: with an evaluation after every step, the metrics of every evaluation and
+    the adapter kept are exactly those of computing them each time."""
+    from codeq.train import dpo
+
+    pairs_path = tmp_path / "pairs.jsonl"
+    write_jsonl(pairs_path, make_pairs(16))
+    config = tiny_config(tiny_model_dir, eval_steps=1, max_steps=4, per_device_batch_size=1)
+    runs = {}
+    for reuse in (True, False):
+        monkeypatch.setattr(dpo, "REUSE_REFERENCE_IN_EVAL", reuse)
+        runs[reuse] = dpo.train_dpo(pairs_path, tmp_path / f"reuse-{reuse}", config)
+    evaluations = len(runs[True]["eval"])
+    assert evaluations == 4
+    held_out_batches = runs[True]["pairs"]["held_out"]  # one pair a batch
+    assert runs[True]["heldout_reference_forwards"] == held_out_batches
+    assert runs[False]["heldout_reference_forwards"] == 0  # TRL's own, inside its loss
+    timing = (
+        "eval_runtime",
+        "eval_samples_per_second",
+        "eval_steps_per_second",
+        "eval_model_preparation_time",
+    )
+    for with_reuse, without in zip(runs[True]["eval"], runs[False]["eval"], strict=True):
+        assert {k: v for k, v in with_reuse.items() if k not in timing} == {
+            k: v for k, v in without.items() if k not in timing
+        }
+    kept = [tmp_path / f"reuse-{r}" / "adapter" / "adapter_model.safetensors" for r in runs]
+    assert kept[0].read_bytes() == kept[1].read_bytes()

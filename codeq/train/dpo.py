@@ -7,7 +7,9 @@
 - Pairs longer than max_length are dropped and counted, never truncated.
 - Length bucketing groups pairs of similar length into the same micro-batch.
 - A held-out slice (split by task) is evaluated every eval_steps; the adapter weights with the best
-  held-out reward accuracy are kept and written (safetensors) with a per-step metrics log.
+  held-out reward accuracy are kept and written (safetensors) with a per-step metrics log. The
+  reference's log-probabilities of each held-out pair are computed at the first evaluation and
+  reused at the later ones (the reference never changes: the same numbers, half the forwards).
 - A non-finite loss or gradient norm fails the stage with TrainingDivergedError.
 - train.processes > 1 trains data-parallel, one process per GPU (codeq/train/distributed.py),
   with the same pairs per optimizer step and the same metrics.json; rank 0 writes the adapter.
@@ -51,6 +53,22 @@ log = logging.getLogger(__name__)
 ACCURACY_KEY = "eval_rewards/accuracies"
 PROVENANCE_FILE = "provenance.json"
 LENGTH_COLUMN = "length"  # tokens of the longer side of a pair; Trainer buckets batches by it
+NOT_MODEL_INPUTS = ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")  # as TRL's
+# Held-out evaluations reuse the reference's log-probabilities (bench/train.py measures the
+# evaluation without it, the tests compare the two)
+REUSE_REFERENCE_IN_EVAL = True
+
+
+def batch_key(inputs: Any) -> str:
+    """What identifies a collated batch of pairs: its tokens and masks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in ("input_ids", "attention_mask", "completion_mask"):
+        if name in inputs:
+            digest.update(name.encode())
+            digest.update(inputs[name].detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 @dataclass
@@ -247,13 +265,64 @@ def _make_trainer_class() -> Any:
     from trl import DPOTrainer
 
     class MeteredDPOTrainer(DPOTrainer):  # type: ignore[misc, valid-type]
-        """DPOTrainer that meters the padding of the batches it trains on, and buckets lengths
-        over a whole optimizer step when data-parallel (Trainer's `_get_train_sampler`)."""
+        """DPOTrainer that meters the padding of the batches it trains on, buckets lengths
+        over a whole optimizer step when data-parallel (Trainer's `_get_train_sampler`), and
+        computes the reference's log-probabilities of each held-out batch once."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.reuse_reference_in_eval = REUSE_REFERENCE_IN_EVAL
             self.remove_callback(PrinterCallback)  # logs go to stderr via our callback, not stdout
             self.train_meter = PaddingMeter()
+            self.reference_logps: dict[str, tuple[Any, Any]] = {}  # held-out batch -> its logps
+            self.reference_forwards = 0  # in evaluation
+
+        def _compute_loss(self, model: Any, inputs: Any, return_outputs: bool) -> Any:
+            """In evaluation, TRL's loss with the reference log-probabilities this batch got at
+            the first evaluation: the reference (the adapter disabled, or the kept reference
+            model) is frozen, so its forward, made the same way, gives the same numbers."""
+            if self.model.training or self.precompute_ref_logps or not self.reuse_reference_in_eval:
+                return super()._compute_loss(model, inputs, return_outputs)
+            key = batch_key(inputs)
+            if key not in self.reference_logps:
+                self.reference_logps[key] = self._reference_logps(inputs)
+                self.reference_forwards += 1
+            chosen, rejected = self.reference_logps[key]
+            with_reference = {**inputs, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+            self.precompute_ref_logps = True  # TRL reads them from the batch then
+            try:
+                return super()._compute_loss(model, with_reference, return_outputs)
+            finally:
+                self.precompute_ref_logps = False
+
+        def _reference_logps(self, inputs: Any) -> tuple[Any, Any]:
+            """The reference forward TRL's `_compute_loss` makes (its summed per-token
+            log-probabilities of the chosen and the rejected completions), made alone."""
+            import torch
+            from accelerate.utils import is_peft_model
+            from trl.models.utils import disable_gradient_checkpointing
+            from trl.trainer.utils import use_adapter
+
+            if self.ld_alpha is not None:
+                raise NotImplementedError("reused reference log-probs assume TRL's plain sum")
+            kwargs = {k: v for k, v in inputs.items() if k not in NOT_MODEL_INPUTS}
+            kwargs["use_cache"] = False
+            completion_mask = inputs["completion_mask"]
+            labels = inputs["input_ids"].masked_fill(completion_mask == 0, -100)
+            no_checkpointing = disable_gradient_checkpointing(
+                self.model, self.args.gradient_checkpointing_kwargs
+            )
+            with torch.no_grad(), no_checkpointing:
+                if is_peft_model(self.model) and self.ref_model is None:
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    adapter = "ref" if "ref" in unwrapped.peft_config else None
+                    with use_adapter(unwrapped, adapter_name=adapter):
+                        outputs = self.model(**kwargs, labels=labels, fused_lm_head=True)
+                else:
+                    outputs = self.ref_model(**kwargs, labels=labels, fused_lm_head=True)
+            logps = outputs.log_probs[:, -(completion_mask.size(1) - 1) :].sum(dim=1)
+            chosen, rejected = logps.chunk(2, dim=0)
+            return chosen, rejected
 
         def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             self.train_meter.count(inputs)
@@ -697,6 +766,9 @@ def train_in_this_process(
         "heldout_reward_accuracy": callback.best_accuracy,
         "heldout_reward_accuracy_final": final_eval.get(ACCURACY_KEY),
         "heldout_note": "best is the selection metric (optimistic); final is the last step's",
+        # this process's reference forwards in evaluation: one per held-out batch, however
+        # many evaluations (since the resumed step, if resumed)
+        "heldout_reference_forwards": trainer.reference_forwards,
         "best_step": callback.best_step,
         "steps": steps,
         "eval": evals,
