@@ -281,7 +281,8 @@ def _make_trainer_class() -> Any:
             """In evaluation, TRL's loss with the reference log-probabilities this batch got at
             the first evaluation: the reference (the adapter disabled, or the kept reference
             model) is frozen, so its forward, made the same way, gives the same numbers."""
-            if self.model.training or self.precompute_ref_logps or not self.reuse_reference_in_eval:
+            policy: Any = self.model
+            if policy.training or self.precompute_ref_logps or not self.reuse_reference_in_eval:
                 return super()._compute_loss(model, inputs, return_outputs)
             key = batch_key(inputs)
             if key not in self.reference_logps:
@@ -309,17 +310,17 @@ def _make_trainer_class() -> Any:
             kwargs["use_cache"] = False
             completion_mask = inputs["completion_mask"]
             labels = inputs["input_ids"].masked_fill(completion_mask == 0, -100)
-            no_checkpointing = disable_gradient_checkpointing(
-                self.model, self.args.gradient_checkpointing_kwargs
-            )
-            with torch.no_grad(), no_checkpointing:
-                if is_peft_model(self.model) and self.ref_model is None:
-                    unwrapped = self.accelerator.unwrap_model(self.model)
+            policy: Any = self.model
+            reference: Any = self.ref_model
+            checkpointing: Any = self.args.gradient_checkpointing_kwargs
+            with torch.no_grad(), disable_gradient_checkpointing(policy, checkpointing):
+                if is_peft_model(policy) and reference is None:
+                    unwrapped = self.accelerator.unwrap_model(policy)
                     adapter = "ref" if "ref" in unwrapped.peft_config else None
                     with use_adapter(unwrapped, adapter_name=adapter):
-                        outputs = self.model(**kwargs, labels=labels, fused_lm_head=True)
+                        outputs = policy(**kwargs, labels=labels, fused_lm_head=True)
                 else:
-                    outputs = self.ref_model(**kwargs, labels=labels, fused_lm_head=True)
+                    outputs = reference(**kwargs, labels=labels, fused_lm_head=True)
             logps = outputs.log_probs[:, -(completion_mask.size(1) - 1) :].sum(dim=1)
             chosen, rejected = logps.chunk(2, dim=0)
             return chosen, rejected
