@@ -53,8 +53,8 @@ TEST_MODES = ["zero_shot", "full_rewrite", "bon", "mcts"]
 # answers, and what breaks its ties), not at this curve's pinned search and self-critique.
 SEARCH_MODES_WAIT = (
     "test measurement: single pass done; the search modes' one test run is issue 37's decided "
-    "search (bench/search_modes.py with the decisions of docs/results.md), not this curve's, so "
-    "it is not run here"
+    "search, not this curve's, so it is not run here (docs/results.md, 'The order after the "
+    "chain', says what it runs)"
 )
 # What a round's DPO is meant to change, measured right after the round; the search modes (hours
 # on CPU) follow once every round has trained, so an interrupted curve answers "did DPO help"
