@@ -292,10 +292,18 @@ def answered_decision(results: dict[str, Any]) -> dict[str, Any] | None:
         for mode, forest in results.items()
         if mode != "bon"
     }
-    adopt = against["gained"] > against["lost"] and not any(elsewhere.values())
+    return gain_without_loss(ANSWERED_RULE, against, elsewhere)
+
+
+def gain_without_loss(
+    rule: str, against: dict[str, Any], elsewhere: dict[str, int], **extra: Any
+) -> dict[str, Any]:
+    """A rule that adopts a change gaining more best-of-16 tasks than it loses (`against`) and
+    losing none on the other forests (`elsewhere`: mode -> tasks lost), with what it read."""
     return {
-        "rule": ANSWERED_RULE,
-        "adopt": adopt,
+        "rule": rule,
+        **extra,
+        "adopt": against["gained"] > against["lost"] and not any(elsewhere.values()),
         "gained": against["gained"],
         "lost": against["lost"],
         "p_better": against["p_better"],
@@ -344,16 +352,7 @@ def probes_decision(paired: dict[str, list[dict[str, Any]]], probes: int) -> dic
         for mode, comparisons in paired.items()
         if mode != "bon"
     }
-    adopt = against["gained"] > against["lost"] and not any(elsewhere.values())
-    return {
-        "rule": PROBES_RULE,
-        "probes": probes,
-        "adopt": adopt,
-        "gained": against["gained"],
-        "lost": against["lost"],
-        "p_better": against["p_better"],
-        "lost_elsewhere": elsewhere,
-    }
+    return gain_without_loss(PROBES_RULE, against, elsewhere, probes=probes)
 
 
 def main(argv: list[str] | None = None) -> int:
