@@ -18,10 +18,10 @@ store already holds must hold the committed content, never be overwritten.
 A round takes longer than a session's machine may live (collect alone about 1.5 h of 2 cores),
 so `persist_partial` also writes the round under way into `<results>/rounds/round-N-partial/`:
 its finished stages and the per-task trees its collect saved so far, with `partial.json` listing
-them like `round.json`, and the last checkpoint of a train (or verifier) under way: the LoRA
-with its optimizer state, about 110 MB, is a lot for git, but a 43-step train of about 4 h on a
-slow machine would otherwise start again on every fresh one and never finish within one
-machine's life. `restore_partial` puts them into a fresh store (a checkpoint only where that
+them like `round.json`, and, asked for (`with_checkpoint`), the last checkpoint of a train (or
+verifier) under way: the LoRA, its best held-out copy and the optimizer state, about 140 MB, a
+lot for git, but a replay train of 2-4 h on a slow machine would otherwise start again on every
+fresh one and might never finish within one machine's life. `restore_partial` puts them into a fresh store (a checkpoint only where that
 store has none of its own and the stage is not finished there), and once
 prepare there rebuilt the round's tasks alike (split files' sha256), `adopt_prepare_report`
 puts back the recorded prepare report and manifest too: the collect's saved progress is
@@ -285,10 +285,12 @@ def persist_partial(
     runs: list[str],
     settings: dict[str, Any],
     tasks_manifest_key: str,
+    with_checkpoint: bool = False,
 ) -> dict[str, Any]:
     """What the store holds so far of unfinished round `number` into
     `<results>/rounds/round-N-partial/`, replacing an earlier partial copy; returns its
-    record."""
+    record. `with_checkpoint`: also a stopped train's (or verifier's) last checkpoint, about
+    140 MB once trained, so asked for only where it saves hours."""
     from codeq.errors import BadInputError
 
     if finished_record(results, number).is_file():
@@ -303,7 +305,9 @@ def persist_partial(
     tasks_sha256 = (
         task_files_sha256(store, tasks_manifest_key) if store.exists(tasks_manifest_key) else {}
     )
-    kept_keys = [key for key in keys if kept_partial(key)] + latest_checkpoint_keys(store, keys)
+    kept_keys = [key for key in keys if kept_partial(key)]
+    if with_checkpoint:
+        kept_keys += latest_checkpoint_keys(store, keys)
     return write_record(
         store, folder / PARTIAL_FILE, number, runs, settings, tasks_sha256, kept_keys
     )

@@ -198,6 +198,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "exit; run beside the curve with its own options, so a fresh machine goes on from there",
     )
     parser.add_argument(
+        "--with-checkpoint",
+        action="store_true",
+        help="with --persist-partial: also the last checkpoint of a train under way (stop the "
+        "curve first; about 140 MB in git), so a fresh machine goes on from it instead of "
+        "training the round again",
+    )
+    parser.add_argument(
         "--restore-only",
         action="store_true",
         help="put the rounds committed under <results>/rounds/ into the store, rebuild each "
@@ -526,7 +533,13 @@ class Curve:
         runs = [BASE_RUN, self.run] if number == 0 and self.run != BASE_RUN else [self.run]
         tasks = self.ctx(number).layout.stage("tasks/MANIFEST.json")
         entry = curve_rounds.persist_partial(
-            self.store, self.results, number, runs, self.settings(number), tasks
+            self.store,
+            self.results,
+            number,
+            runs,
+            self.settings(number),
+            tasks,
+            with_checkpoint=self.args.with_checkpoint,
         )
         folder = curve_rounds.partial_folder(self.results, number)
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

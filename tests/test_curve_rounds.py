@@ -378,7 +378,9 @@ def test_a_stopped_trains_last_checkpoint_goes_to_git_and_resumes_only_where_non
     results = tmp_path / "results"
     manifest = "runs/curve/round-1/tasks/MANIFEST.json"
 
-    record = curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+    record = curve_rounds.persist_partial(
+        store, results, 1, ["curve"], SETTINGS, manifest, with_checkpoint=True
+    )
 
     copied = sorted(key for key in record["keys"] if key.startswith(progress))
     assert copied == sorted([f"{progress}LATEST.json", *step_4])
@@ -400,6 +402,11 @@ def test_a_stopped_trains_last_checkpoint_goes_to_git_and_resumes_only_where_non
     finished.put_bytes("runs/curve/round-1/adapter/_COMPLETE", b'{"stage": "train"}\n')
     curve_rounds.restore_partial(finished, results, 1, SETTINGS)
     assert not finished.list(progress)  # spent: never copied into the finished round
+    without = curve_rounds.persist_partial(store, results, 1, ["curve"], SETTINGS, manifest)
+    assert not [key for key in without["keys"] if key.startswith(progress)]  # asked for only
+    curve_rounds.persist_partial(
+        store, results, 1, ["curve"], SETTINGS, manifest, with_checkpoint=True
+    )
     download_latest(fresh, progress.rstrip("/"), tmp_path / "resume")
     assert (tmp_path / "resume/checkpoint-4/optimizer.pt").read_bytes() == step_4[
         f"{progress}checkpoint-4/optimizer.pt"
