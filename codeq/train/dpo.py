@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 ACCURACY_KEY = "eval_rewards/accuracies"
 PROVENANCE_FILE = "provenance.json"
 LENGTH_COLUMN = "length"  # tokens of the longer side of a pair; Trainer buckets batches by it
-NOT_MODEL_INPUTS = ("completion_mask", "ref_chosen_logps", "ref_rejected_logps")  # as TRL's
 # Held-out evaluations reuse the reference's log-probabilities (bench/train.py measures the
 # evaluation without it, the tests compare the two)
 REUSE_REFERENCE_IN_EVAL = True
@@ -279,14 +278,16 @@ def _make_trainer_class() -> Any:
 
         def _compute_loss(self, model: Any, inputs: Any, return_outputs: bool) -> Any:
             """In evaluation, TRL's loss with the reference log-probabilities this batch got at
-            the first evaluation: the reference (the adapter disabled, or the kept reference
-            model) is frozen, so its forward, made the same way, gives the same numbers."""
+            the first evaluation from TRL's own `compute_ref_log_probs` (what its precompute
+            uses): the reference (the adapter disabled, or the kept reference model) is frozen,
+            so the numbers are the same every time (tests/test_train.py)."""
             policy: Any = self.model
             if policy.training or self.precompute_ref_logps or not self.reuse_reference_in_eval:
                 return super()._compute_loss(model, inputs, return_outputs)
             key = batch_key(inputs)
             if key not in self.reference_logps:
-                self.reference_logps[key] = self._reference_logps(inputs)
+                reference: Any = self.ref_model or self.model  # as TRL's precompute passes it
+                self.reference_logps[key] = self.compute_ref_log_probs(reference, inputs)
                 self.reference_forwards += 1
             chosen, rejected = self.reference_logps[key]
             with_reference = {**inputs, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
@@ -295,35 +296,6 @@ def _make_trainer_class() -> Any:
                 return super()._compute_loss(model, with_reference, return_outputs)
             finally:
                 self.precompute_ref_logps = False
-
-        def _reference_logps(self, inputs: Any) -> tuple[Any, Any]:
-            """The reference forward TRL's `_compute_loss` makes (its summed per-token
-            log-probabilities of the chosen and the rejected completions), made alone."""
-            import torch
-            from accelerate.utils import is_peft_model
-            from trl.models.utils import disable_gradient_checkpointing
-            from trl.trainer.utils import use_adapter
-
-            if self.ld_alpha is not None:
-                raise NotImplementedError("reused reference log-probs assume TRL's plain sum")
-            kwargs = {k: v for k, v in inputs.items() if k not in NOT_MODEL_INPUTS}
-            kwargs["use_cache"] = False
-            completion_mask = inputs["completion_mask"]
-            labels = inputs["input_ids"].masked_fill(completion_mask == 0, -100)
-            policy: Any = self.model
-            reference: Any = self.ref_model
-            checkpointing: Any = self.args.gradient_checkpointing_kwargs
-            with torch.no_grad(), disable_gradient_checkpointing(policy, checkpointing):
-                if is_peft_model(policy) and reference is None:
-                    unwrapped = self.accelerator.unwrap_model(policy)
-                    adapter = "ref" if "ref" in unwrapped.peft_config else None
-                    with use_adapter(unwrapped, adapter_name=adapter):
-                        outputs = policy(**kwargs, labels=labels, fused_lm_head=True)
-                else:
-                    outputs = reference(**kwargs, labels=labels, fused_lm_head=True)
-            logps = outputs.log_probs[:, -(completion_mask.size(1) - 1) :].sum(dim=1)
-            chosen, rejected = logps.chunk(2, dim=0)
-            return chosen, rejected
 
         def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             self.train_meter.count(inputs)
