@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import curve_rounds  # noqa: E402
 from curve_findings import mode_findings  # noqa: E402
 
 from codeq.schemas import Trajectory  # noqa: E402
@@ -41,29 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def finished_rounds(folder: Path) -> list[tuple[int, Path]]:
-    """(number, its store folder) of each finished round under `folder`, in order."""
-    found = []
-    for path in folder.glob("round-*/round.json"):
-        match = re.fullmatch(r"round-(\d+)", path.parent.name)
-        if match:
-            found.append((int(match.group(1)), path.parent))
-    return sorted(found)
-
-
-def round_prefix(folder: Path, number: int) -> Path | None:
-    """The store folder (runs/<run>/round-N) of the run that trained the round, inside its
-    committed copy (round 0 also holds the base run's collect, in another run)."""
-    matches = sorted((folder / "store" / "runs").glob(f"*/round-{number}/adapter"))
-    return matches[0].parent if matches else None
-
-
-def read_stored(path: Path) -> bytes | None:
-    """A committed object, whether kept as it is or xz-compressed."""
-    if path.is_file():
-        return path.read_bytes()
-    packed = path.with_name(path.name + ".xz")
-    return lzma.decompress(packed.read_bytes()) if packed.is_file() else None
+def stored(folder: Path, keys: dict[str, Any], suffix: str) -> bytes | None:
+    """The committed round's object whose store key ends with `suffix`, checked against the
+    sha256 its round.json records (`curve_rounds.committed_content`); None where it has none."""
+    matches = [key for key in keys if key.endswith(suffix)]
+    return curve_rounds.committed_content(folder, matches[0], keys[matches[0]]) if matches else None
 
 
 def training(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -92,8 +73,7 @@ def training(metrics: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def answers(round_dir: Path, role: str, name: str, max_new_tokens: int) -> dict[str, Any] | None:
-    raw = read_stored(round_dir / "eval" / role / "validation" / f"{name}.jsonl")
+def answers(raw: bytes | None, max_new_tokens: int) -> dict[str, Any] | None:
     if raw is None:
         return None
     trees = [Trajectory.model_validate_json(line) for line in raw.decode().splitlines() if line]
@@ -105,14 +85,15 @@ def answers(round_dir: Path, role: str, name: str, max_new_tokens: int) -> dict[
 
 
 def round_row(number: int, folder: Path, max_new_tokens: int) -> dict[str, Any] | None:
-    prefix = round_prefix(folder, number)
-    metrics_raw = read_stored(prefix / "adapter" / "metrics.json") if prefix else None
-    if prefix is None or metrics_raw is None:
+    keys = json.loads((folder / curve_rounds.ROUND_FILE).read_text())["keys"]
+    metrics_raw = stored(folder, keys, f"/round-{number}/adapter/metrics.json")
+    if metrics_raw is None:
         return None
     row: dict[str, Any] = {"round": number, "training": training(json.loads(metrics_raw))}
     for kind, name in ANSWERS.items():
         for role in ("incumbent", "candidate"):
-            found = answers(prefix, role, name, max_new_tokens)
+            trees = stored(folder, keys, f"/round-{number}/eval/{role}/validation/{name}.jsonl")
+            found = answers(trees, max_new_tokens)
             if found is not None:
                 row.setdefault(kind, {})[role] = found
     return row
@@ -177,10 +158,16 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    results = args.rounds.parent  # curve_rounds names a round's folder from the results'
     rows = [
         row
-        for number, folder in finished_rounds(args.rounds)
-        if (row := round_row(number, folder, args.max_new_tokens)) is not None
+        for number in curve_rounds.committed_rounds(results)
+        if (
+            row := round_row(
+                number, curve_rounds.round_folder(results, number), args.max_new_tokens
+            )
+        )
+        is not None
     ]
     if not rows:
         raise SystemExit(f"error: no finished round with a trained adapter under {args.rounds}")
