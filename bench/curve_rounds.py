@@ -21,8 +21,9 @@ its finished stages and the per-task trees its collect saved so far, with `parti
 them like `round.json`, and, asked for (`with_checkpoint`), the last checkpoint of a train (or
 verifier) under way: the LoRA, its best held-out copy and the optimizer state, about 140 MB, a
 lot for git, but a replay train of 2-4 h on a slow machine would otherwise start again on every
-fresh one and might never finish within one machine's life. `restore_partial` puts them into a fresh store (a checkpoint only where that
-store has none of its own and the stage is not finished there), and once
+fresh one and might never finish within one machine's life. `restore_partial` puts them into a
+fresh store (a checkpoint only where that store has none of its own and the stage is not
+finished there), and once
 prepare there rebuilt the round's tasks alike (split files' sha256), `adopt_prepare_report`
 puts back the recorded prepare report and manifest too: the collect's saved progress is
 fingerprinted with that manifest, whose report carries prepare's timings. The finished round
@@ -135,18 +136,20 @@ def latest_checkpoint_keys(store: Any, keys: list[str]) -> list[str]:
     return chosen
 
 
-def spent_checkpoint(store: Any, key: str) -> bool:
-    """Whether a committed checkpoint key must stay out of this store: it holds a checkpoint of
-    its own there (the machine that wrote the copy went on, or this one did), or the stage
-    it would resume finished here."""
+def spent_checkpoints(store: Any, keys: list[str]) -> set[str]:
+    """The checkpoint prefixes of committed `keys` that must stay out of this store: it holds a
+    checkpoint of its own there (the machine that wrote the copy went on, or this one did), or
+    the stage it would resume finished here. Each prefix is looked up once."""
     from codeq.store import MARKER_NAME
 
-    prefix = checkpoint_prefix(key)
-    if prefix is None:
-        return False
-    inside = stage_relative(prefix)
-    output = prefix.removesuffix(inside) + CHECKPOINT_OUTPUTS[inside]
-    return bool(store.list(prefix)) or store.exists(output + MARKER_NAME)
+    spent = set()
+    for prefix in {checkpoint_prefix(key) for key in keys} - {None}:
+        assert prefix is not None
+        inside = stage_relative(prefix)
+        output = prefix.removesuffix(inside) + CHECKPOINT_OUTPUTS[inside]
+        if store.list(prefix) or store.exists(output + MARKER_NAME):
+            spent.add(prefix)
+    return spent
 
 
 PREPARE_RECORD = ("tasks/MANIFEST.json", "tasks/report.json")  # no split file: those are data
@@ -463,11 +466,12 @@ def restore_partial(store: Any, results: Path, number: int, settings: dict[str, 
     content. Returns how many objects it put."""
     folder = partial_folder(results, number)
     entry = read_committed(results, number, settings, folder / PARTIAL_FILE)
+    spent = spent_checkpoints(store, list(entry["keys"]))
     entry["keys"] = {
         key: recorded
         for key, recorded in entry["keys"].items()
         if stage_relative(key) not in PREPARE_RECORD  # this machine's differ in timings
-        and not spent_checkpoint(store, key)
+        and checkpoint_prefix(key) not in spent
     }
     check_store_holds(store, folder, entry, number)
     missing = {
