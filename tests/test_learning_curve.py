@@ -335,14 +335,21 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     round_1 = json.loads((results / "rounds" / "round-1" / "round.json").read_text())
     chosen = json.loads((results / "learning-rate.json").read_text())["chosen_run"]
     tasks = tmp_path / "restored" / "store" / "runs" / chosen / "round-1" / "tasks"
-    assert (
-        round_1["tasks_sha256"]
-        and {
-            name: hashlib.sha256((tasks / name).read_bytes()).hexdigest()
-            for name in round_1["tasks_sha256"]
-        }
-        == round_1["tasks_sha256"]
-    )
+    built = {
+        name: hashlib.sha256((tasks / name).read_bytes()).hexdigest()
+        for name in round_1["tasks_sha256"]
+    }
+    assert round_1["tasks_sha256"] and set(built) == set(round_1["tasks_sha256"])
+    differing = [name for name in built if built[name] != round_1["tasks_sha256"][name]]
+    # a loaded machine's prepare may drop a generated hidden test from the train file; the
+    # curve accepts that (check_tasks) only for the same searched tasks, and says so
+    if differing:
+        assert differing == ["train.jsonl"], differing
+        assert any(
+            "round 1's train tasks built here differ in content" in line
+            and "its trees stand as committed" in line
+            for line in started(restored)
+        ), started(restored)
 
     # both rounds finished in git (--tiny caps a curve at 2 rounds): a fresh store builds round
     # 0's tasks (every round keeps its held-out ones) and not round 1's, which no stage reads now
