@@ -605,3 +605,92 @@ def test_a_keep_folder_git_would_leave_out_is_refused_before_training(tmp_path):
     with pytest.raises(SystemExit, match=r"error: git ignores .*codeq-store/kept/KEPT\.json"):
         bench.refuse_ignored_keep([ignored / name for name in bench.KEPT_EXAMPLES])
     bench.refuse_ignored_keep([repo / "docs" / "results" / "verifier" / "x" / "KEPT.json"])
+
+
+def evaluate_cli(monkeypatch, tasks: Path, out: Path, model: Path, *extra: str, **env: str):
+    """`codeq evaluate` on one task, best-of-2 only, with the tiny model; returns the exit code."""
+    from codeq.cli import run
+
+    settings = {
+        "CODEQ_SANDBOX__BACKEND": "subprocess",
+        "CODEQ_SANDBOX__WORKERS": "1",
+        "CODEQ_POLICY__DEVICE": "cpu",
+        "CODEQ_POLICY__MAX_NEW_TOKENS": "24",
+        "CODEQ_SEARCH__BON_SAMPLES": "2",
+        "CODEQ_SEARCH__REWRITES_PER_EXPANSION": "1",
+        "CODEQ_EVALUATE__ROLLOUT_ABLATION": "[1]",
+        "CODEQ_EVALUATE__AGREEMENT_PROBES": "0",
+        **env,
+    }
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    command = ["evaluate", str(tasks), "--model", str(model), "--out", str(out)]
+    return run([*command, "--modes", "bon", "--max-tasks", "1", "--rollouts", "1", *extra])
+
+
+def test_codeq_evaluate_chooses_with_a_kept_verifier_and_says_so(
+    trained_round, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    store, root, _ = trained_round
+    kept = root / "store" / LAYOUT.stage("verifier")  # a verifier folder outside any round
+    tasks = root / "tasks" / "validation.jsonl"
+    code = evaluate_cli(
+        monkeypatch,
+        tasks,
+        tmp_path / "eval",
+        tiny_model_dir,
+        "--verifier",
+        str(kept),
+        CODEQ_EVALUATE__TIE_BREAK="verifier",
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    info = json.loads((kept / "VERIFIER.json").read_text())
+    assert summary["tie_break"] == f"verifier {kept} ({info['adapter_sha256'][:12]})"
+    assert summary["modes"]["bon"]["n"] == 1
+
+    # without one, the self-critique chooses only where verifier.fallback says so, and says so
+    code = evaluate_cli(
+        monkeypatch,
+        tasks,
+        tmp_path / "eval-critique",
+        tiny_model_dir,
+        CODEQ_EVALUATE__TIE_BREAK="verifier",
+        CODEQ_VERIFIER__FALLBACK="critique",
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    assert json.loads(captured.out.strip().splitlines()[-1])["tie_break"] == "self-critique"
+    assert "no --verifier was given: the self-critique is used" in captured.err
+
+
+def test_codeq_evaluate_refuses_a_missing_or_foreign_verifier_in_one_line(
+    trained_round, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    store, root, _ = trained_round
+    kept = root / "store" / LAYOUT.stage("verifier")
+    tasks = root / "tasks" / "validation.jsonl"
+
+    def refused(model: Path, *extra: str, **env: str) -> str:
+        code = evaluate_cli(monkeypatch, tasks, tmp_path / "eval", model, *extra, **env)
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert code == EXIT_BAD_INPUT and len(errors) == 1, err[-2000:]
+        assert "Traceback" not in err and not (tmp_path / "eval" / "results.json").exists()
+        return errors[0]
+
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rope_theta": 20000.0}))
+    error = refused(other, "--verifier", str(kept), CODEQ_EVALUATE__TIE_BREAK="verifier")
+    assert base_of(tiny_model_dir).describe() in error and base_of(other).describe() in error
+
+    error = refused(
+        tiny_model_dir, CODEQ_EVALUATE__TIE_BREAK="verifier", CODEQ_VERIFIER__FALLBACK="error"
+    )
+    assert base_of(tiny_model_dir).describe() in error and "no --verifier was given" in error
+
+    error = refused(tiny_model_dir, "--verifier", str(kept), CODEQ_EVALUATE__TIE_BREAK="critique")
+    assert "evaluate.tie_break is 'critique'" in error

@@ -6,6 +6,7 @@ says), and the record of what it did at evaluation (eval/verifier.json)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,15 +243,38 @@ def required_verifier(ctx: StageContext, asked_by: str) -> Verifier | None:
     verifier, reason = available_verifier(ctx)
     if verifier is not None:
         return verifier
-    if ctx.config.verifier.fallback == "critique":
-        log(f"{asked_by} asks for a learned verifier but {reason}: the self-critique is used")
-        return None
-    wanted = base_policy(ctx)  # only to name it: fingerprinting the base reads its files
-    raise VerifierMissingError(
-        f"round {ctx.layout.round} asks for a learned verifier on {wanted.describe()} "
-        f"({asked_by}=verifier), but it has none: {reason}",
+    critique_stands_in(
+        ctx.config,
+        asked_by,
+        reason or "none was found",
+        whose=f"round {ctx.layout.round}",
+        wanted=lambda: base_policy(ctx),
         hint="set verifier.enabled=true (the verifier stage trains one after collect), or "
         "verifier.fallback=critique to use the self-critique where there is none",
+    )
+    return None
+
+
+def critique_stands_in(
+    config: CodeQConfig,
+    asked_by: str,
+    reason: str,
+    *,
+    whose: str,
+    wanted: Callable[[], Lineage],
+    hint: str,
+) -> None:
+    """The one rule for a verifier asked for (`asked_by`=verifier) where there is none
+    (`reason`), in a round's stage or a command alike: the self-critique stands in where
+    verifier.fallback is 'critique', and says so; else VerifierMissingError naming the lineage
+    asked for (`wanted`, called only then: fingerprinting the base reads its files)."""
+    if config.verifier.fallback == "critique":
+        log(f"{asked_by} asks for a learned verifier but {reason}: the self-critique is used")
+        return
+    raise VerifierMissingError(
+        f"{whose} asks for a learned verifier on {wanted().describe()} "
+        f"({asked_by}=verifier), but it has none: {reason}",
+        hint=hint,
     )
 
 
