@@ -1326,29 +1326,33 @@ SEARCH_MODES = "search-modes/"
 
 
 def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
-    """One entry per row of each bench/search_modes.py run (searches at equal programs on
-    validation): the rows at the full budget against best-of-N decide issue 37's choice of
-    search (its verdict); the smaller budgets and MCTS against multi-turn are reported."""
+    """One entry per row of each bench/search_modes.py run (searches at equal programs): on
+    validation, the rows at the full budget against best-of-N decide issue 37's choice of
+    search (its verdict), the smaller budgets and MCTS against multi-turn are reported; a
+    --test-run's rows (`*-test.json`) are all reported, and so is, per search, its answers
+    chosen by agreement then the kept verifier against the critique's from the same trees."""
     from curve_figure import p_text
 
     if paths is None:
         paths = [
             path.relative_to(RESULTS).as_posix()
-            for path in sorted((RESULTS / SEARCH_MODES).glob("*-validation.json"))
+            for pattern in ("*-validation.json", "*-test.json")
+            for path in sorted((RESULTS / SEARCH_MODES).glob(pattern))
         ]
     found = []
     for path in paths:
         run = read(path)
         results = str(Path(path).with_name(run["results"]).as_posix())
         full = f"bon@{run['programs_at_most']}"
+        on_test = run["split"] == "test"
         for number, row in enumerate(run["rows"], start=1):
             gained, lost = len(row["gained"]), len(row["lost"])
             better = gained >= lost
-            decides = row["second"] == full
+            decides = row["second"] == full and not on_test
             found.append(
                 e(
-                    f"V{row['tasks']}-sm-{Path(path).stem}-{number}",
-                    "validation",
+                    f"{'T' if on_test else 'V'}{row['tasks']}-sm-{Path(path).stem}-{number}",
+                    f"test{row['tasks']}" if on_test else "validation",
                     row["tasks"],
                     run["date"],
                     f"search modes at equal programs ({Path(path).stem}), {row['mode']}",
@@ -1361,6 +1365,36 @@ def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
                     second=(fig(results, row["second"]),),
                 )
             )
+        found += verifier_test_entries(path, run)
+    return found
+
+
+def verifier_test_entries(path: str, run: dict[str, Any]) -> list[Entry]:
+    """A search modes' --test-run: per search, its answers by agreement then the kept verifier
+    against the critique's from the same trees (the verifier decision's one test run)."""
+    from curve_figure import p_text
+
+    found = []
+    for forest, measured in (run.get("forests") or {}).items():
+        index = len(measured["comparisons"]) - 1  # the run appends this comparison last
+        comparison = measured["comparisons"][index]
+        gained, lost = comparison["gained"], comparison["lost"]
+        found.append(
+            e(
+                f"T{measured['trees']}-sm-{Path(path).stem}-{forest}-verifier",
+                f"test{measured['trees']}",
+                measured["trees"],
+                run["date"],
+                f"search modes' test run ({Path(path).stem}), {forest}: "
+                f"{comparison['other']} vs {comparison['baseline']}",
+                (gained, lost),
+                p=p_text(one_sided_mcnemar(gained, lost))
+                if gained >= lost
+                else "worse " + p_text(one_sided_mcnemar(lost, gained)),
+                where="results/search-modes/README.md",
+                decision=(f"{path}#{forest}#{index}",),
+            )
+        )
     return found
 
 

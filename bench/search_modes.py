@@ -24,6 +24,15 @@ again after an interruption. On another machine: `--keep DIR` restores the searc
 `--persist` run compressed into DIR (committed to git) before it goes on:
 
     python bench/search_modes.py ... --keep docs/results/search-modes/base-trees --persist
+
+`--test-run` is the one run on test tasks that docs/results.md specifies after the chain (the
+run of the validation decisions): a test file only with it, the first --skip tasks left out (the
+curve's 60 are spent), every answer chosen by execution agreement (evaluate.agreement_probes,
+answered probes first) and then the verifier kept at --verifier DIR (checked against --model's
+base). Each search's trees are then answered again by the self-critique, and by agreement then
+the critique, so the critique's choice from the same trees stands beside the verifier's; the
+evaluation's own answers are recomputed from the trees as a check. It never writes into an
+existing --json: the test tasks are run once.
 """
 
 from __future__ import annotations
@@ -180,6 +189,112 @@ def restore_trees(keep: Path, out: Path) -> None:
             print(f"restored {target.name} from {keep}", file=sys.stderr)
 
 
+class LiveScores:
+    """A loaded verifier as bench/answer_selection.py's scores: it scores every program."""
+
+    def __init__(self, verifier: Any) -> None:
+        self.verifier, self.id = verifier, verifier.id
+
+    def score(self, items: list[tuple[Any, str]]) -> list[float]:
+        return list(self.verifier.score(items))
+
+    def covers(self, task: Any, programs: list[str]) -> bool:
+        return True
+
+
+def test_run_refusal(args: argparse.Namespace, config: CodeQConfig | None = None) -> str | None:
+    """Why this invocation may not run on its tasks file (None: it may). Test tasks are run
+    only by --test-run, once, with the verifier and agreement docs/results.md specified."""
+    on_test = not args.tasks.name.startswith("validation")
+    if not args.test_run:
+        if on_test:
+            return "compare search modes on a validation file, never on test tasks"
+        if args.skip or args.verifier:
+            return "--skip and --verifier belong to --test-run"
+        return None
+    if not on_test:
+        return "--test-run is the run on test tasks: give a test.jsonl"
+    if args.verifier is None or args.json is None:
+        return "--test-run needs --verifier DIR (the kept verifier) and --json FILE"
+    if args.json.exists():
+        return f"{args.json} exists: the test tasks are run once, never into an earlier result"
+    if config is not None and not config.evaluate.agreement_probes:
+        return "--test-run chooses answers by execution agreement: evaluate.agreement_probes is 0"
+    return None
+
+
+def test_tasks(args: argparse.Namespace) -> Path:
+    """The test file without its first --skip tasks, written beside the evaluation."""
+    from codeq.schemas import Task, read_jsonl, write_jsonl
+
+    tasks = read_jsonl(args.tasks, Task)
+    if args.skip >= len(tasks):
+        raise SystemExit(f"error: --skip {args.skip} leaves none of {args.tasks}'s {len(tasks)}")
+    path = args.out / "tasks" / "test.jsonl"
+    write_jsonl(path, tasks[args.skip :])
+    return path
+
+
+def answered_again(
+    results: Any, out: Path, tasks_path: Path, verifier: Any, config: CodeQConfig
+) -> dict[str, Any]:
+    """Each search's trees answered again by every selector of bench/answer_selection.py (the
+    self-critique among them); the evaluation's own answers (agreement, answered probes first,
+    then the verifier) recomputed from the same trees must be the ones it scored."""
+    import answer_selection
+
+    from codeq.sandbox import Sandbox
+    from codeq.schemas import Task, read_jsonl
+
+    tasks = {task.task_id: task for task in read_jsonl(tasks_path, Task)}
+    forests = answer_selection.forests(out)
+    options = argparse.Namespace(
+        probes=config.evaluate.agreement_probes, seed=config.search.seed, explain=False
+    )
+    measured = {}
+    with Sandbox(config.sandbox) as sandbox:
+        for mode in MODES:
+            found = answer_selection.measure_forest(
+                mode, forests[mode], tasks, LiveScores(verifier), sandbox, options
+            )
+            solved = {t for t, ok in results.modes[mode].per_task.items() if ok}
+            again = set(found["per_task"]["answered+verifier"])
+            if again != solved:
+                raise SystemExit(
+                    f"error: {mode}'s answers recomputed from its trees solve "
+                    f"{sorted(again ^ solved)[:5]} differently from the evaluation"
+                )
+            # the verifier decision's one test run: its answers against the critique's
+            found["comparisons"].append(
+                answer_selection.compare(solved_by(found, tasks), "critique", "answered+verifier")
+            )
+            measured[mode] = found
+    return measured
+
+
+def answered(tasks: dict[str, Any], solved: list[str]) -> dict[str, bool]:
+    return {task_id: task_id in solved for task_id in tasks}
+
+
+def solved_by(found: dict[str, Any], tasks: dict[str, Any]) -> dict[str, dict[str, bool]]:
+    """selector -> task id -> solved, over every task of the forest."""
+    return {name: answered(tasks, solved) for name, solved in found["per_task"].items()}
+
+
+def test_run_record(
+    args: argparse.Namespace, verifier: Any, selectors: dict[str, Any]
+) -> dict[str, Any]:
+    """What a --test-run adds to its JSON: the tasks left out, the verifier and each search's
+    answers by every selector from the same trees."""
+    if not args.test_run:
+        return {}
+    return {
+        "skip": args.skip,
+        "verifier": {"folder": str(args.verifier), **verifier.info.model_dump(mode="json")},
+        "forests": selectors,  # as bench/answer_selection.py names them (the ledger reads both)
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=Path, required=True, help="a validation.jsonl")
@@ -198,6 +313,16 @@ def main() -> None:
         "--keep", type=Path, help="compressed trees for git: restored into --out first"
     )
     parser.add_argument(
+        "--test-run",
+        action="store_true",
+        help="the one run on test tasks after the chain (docs/results.md): a test file, "
+        "answers chosen by agreement then --verifier, the critique's beside them; once",
+    )
+    parser.add_argument("--verifier", type=Path, help="with --test-run: the kept verifier")
+    parser.add_argument(
+        "--skip", type=int, default=0, help="with --test-run: leave out the first N test tasks"
+    )
+    parser.add_argument(
         "--persist",
         action="store_true",
         help="compress the trees --out holds so far into --keep and exit (beside a run)",
@@ -208,8 +333,9 @@ def main() -> None:
             raise SystemExit("error: --persist writes into --keep DIR; name one")
         persist_trees(args.out, args.keep)
         return
-    if not args.tasks.name.startswith("validation"):
-        raise SystemExit("error: compare search modes on a validation file, never on test tasks")
+    refusal = test_run_refusal(args)
+    if refusal:
+        raise SystemExit(f"error: {refusal}")
     programs = args.rewrites * args.rollouts
     if args.samples * args.turns != programs:
         raise SystemExit(
@@ -220,11 +346,26 @@ def main() -> None:
 
     from codeq.evaluate import evaluate
 
+    config = bench_config(args)
+    refusal = test_run_refusal(args, config)
+    if refusal:
+        raise SystemExit(f"error: {refusal}")
     if args.keep is not None and args.keep.is_dir():
         restore_trees(args.keep, args.out)
-    config = bench_config(args)
     started = time.perf_counter()
-    results = evaluate(args.tasks, args.out, config, split="validation", adapter=args.adapter)
+    tasks_path, verifier, tie_break = args.tasks, None, None
+    if args.test_run:
+        from codeq.train.lineage import base_lineage
+        from codeq.verifier import Verifier
+
+        tasks_path = test_tasks(args)
+        verifier = Verifier.load(args.verifier, config, base_lineage(config.policy))
+        tie_break = verifier.tie_break()
+    split = "test" if args.test_run else "validation"
+    results = evaluate(
+        tasks_path, args.out, config, split=split, adapter=args.adapter, tie_break=tie_break
+    )
+    selectors = answered_again(results, args.out, tasks_path, verifier, config) if verifier else {}
     table = rows(results, args)
     tasks = len(results.task_ids)
     print("| figure | tasks | first | second | gained / lost (p) | programs a task |")
@@ -245,6 +386,11 @@ def main() -> None:
             f"| {choice['mode']} | {choice['visible_passing']} | {choice['solvable']} | "
             f"{len(choice['lost'])} ({choice['lost_per_60_tasks']} in 60 tasks) |"
         )
+    for mode, found in selectors.items():  # --test-run: every selector on the same trees
+        chosen = ", ".join(
+            f"{name} {figures['solved']}" for name, figures in found["selectors"].items()
+        )
+        print(f"{mode} answered again from its trees: {chosen} of {found['trees']}")
     if args.json is not None:
         from codeq.schemas import write_json
 
@@ -279,6 +425,7 @@ def main() -> None:
                     "bon": {n: r.per_task for n, r in results.bon_ablation.items()},
                 },
                 "wall_seconds": round(time.perf_counter() - started, 1),
+                **test_run_record(args, verifier, selectors),
             },
             indent=1,
         )

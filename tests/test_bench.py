@@ -421,6 +421,13 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(
     [
         (["--tasks", "test.jsonl"], "never on test tasks"),
         (["--tasks", "validation.jsonl", "--samples", "3"], "must equal --rewrites x --rollouts"),
+        (["--tasks", "validation.jsonl", "--test-run"], "give a test.jsonl"),
+        (["--tasks", "test.jsonl", "--test-run", "--json", "t.json"], "needs --verifier DIR"),
+        (["--tasks", "validation.jsonl", "--skip", "60"], "belong to --test-run"),
+        (
+            ["--tasks", "test.jsonl", "--test-run", "--verifier", "v", "--json", "README.md"],
+            "the test tasks are run once",
+        ),
     ],
 )
 def test_search_modes_refuses_test_tasks_and_unequal_budgets(arguments, message):

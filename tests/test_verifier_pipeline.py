@@ -694,3 +694,59 @@ def test_codeq_evaluate_refuses_a_missing_or_foreign_verifier_in_one_line(
 
     error = refused(tiny_model_dir, "--verifier", str(kept), CODEQ_EVALUATE__TIE_BREAK="critique")
     assert "evaluate.tie_break is 'critique'" in error
+
+
+def test_the_search_modes_test_run_answers_by_agreement_then_the_kept_verifier(
+    trained_round, tiny_model_dir, tmp_path, monkeypatch
+):
+    """bench/search_modes.py --test-run with the tiny model on real test tasks, the first left
+    out: the three searches at equal programs with every answer chosen by agreement then the
+    kept verifier, the same trees answered again by the critique beside it, and never twice."""
+    from codeq import cli
+    from codeq.schemas import read_jsonl
+
+    store, root, _ = trained_round
+    kept = root / "store" / LAYOUT.stage("verifier")
+    assert cli.run(["prepare", "--source", "builtin", "--out", str(tmp_path / "tasks")]) == 0
+    test = tmp_path / "tasks" / "test.jsonl"
+    out = tmp_path / "modes-test.json"
+    command = [sys.executable, str(REPO / "bench" / "search_modes.py"), "--tasks", str(test)]
+    command += ["--model", str(tiny_model_dir), "--tiny", "--max-new-tokens", "16"]
+    command += ["--rewrites", "1", "--rollouts", "2", "--samples", "1", "--turns", "2"]
+    command += ["--out", str(tmp_path / "eval"), "--json", str(out)]
+    command += ["--test-run", "--verifier", str(kept), "--skip", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(out.read_text())
+    searched = [task.task_id for task in read_jsonl(test, Task)][1:]
+    assert found["split"] == "test" and found["skip"] == 1 and found["task_ids"] == searched
+    info = json.loads((kept / "VERIFIER.json").read_text())
+    assert found["verifier"]["adapter_sha256"] == info["adapter_sha256"]
+    assert set(found["forests"]) == {"bon", "mt_bon", "mcts"}
+    for mode, selection in found["forests"].items():
+        assert {"critique", "answered+critique", "answered+verifier"} <= set(
+            selection["selectors"]
+        ), mode
+        # the evaluation's own answers, recomputed from its trees
+        solved = sorted(t for t, ok in found["per_task"]["bon"][str(2)].items() if ok)
+        if mode == "bon":
+            assert selection["per_task"]["answered+verifier"] == solved
+        (last,) = [c for c in selection["comparisons"] if c["baseline"] == "critique"][-1:]
+        assert (last["baseline"], last["other"]) == ("critique", "answered+verifier")
+
+    # the ledger counts every row on the test split, and per search the verifier's answers
+    # against the critique's, each recomputed task by task from the files the run wrote
+    paired_tests = load_bench("paired_tests")
+    monkeypatch.setattr(paired_tests, "RESULTS", tmp_path)
+    entries = paired_tests.search_modes_entries([out.name])
+    n = len(searched)
+    assert {entry.split for entry in entries} == {f"test{n}"}
+    assert not [entry for entry in entries if entry.role == "decided"]
+    verifier_entries = [entry for entry in entries if entry.key.endswith("-verifier")]
+    assert len(verifier_entries) == 3 and len(entries) == len(found["rows"]) + 3
+    for entry in entries:
+        backing, problems = paired_tests.check_entry(entry, {(f"test{n}", n): searched})
+        assert not problems and backing in ("recomputed", "decision file"), problems
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert again.returncode != 0 and "the test tasks are run once" in again.stderr
