@@ -359,7 +359,8 @@ def main() -> None:
         from codeq.verifier import Verifier
 
         tasks_path = test_tasks(args)
-        verifier = Verifier.load(args.verifier, config, base_lineage(config.policy))
+        scratch = args.out / "kept-verifier"
+        verifier = Verifier.load_kept(args.verifier, config, base_lineage(config.policy), scratch)
         tie_break = verifier.tie_break()
     split = "test" if args.test_run else "validation"
     results = evaluate(

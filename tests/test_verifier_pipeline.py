@@ -665,6 +665,50 @@ def test_codeq_evaluate_chooses_with_a_kept_verifier_and_says_so(
     assert "no --verifier was given: the self-critique is used" in captured.err
 
 
+def test_codeq_evaluate_reads_a_verifier_kept_in_git_and_refuses_a_changed_file(
+    trained_round, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """A verifier kept as bench/verifier_auc.py --keep keeps it for git (KEPT.json, files
+    xz-packed where that pays) is unpacked and checked by its sha256 before it is loaded."""
+    from argparse import Namespace
+
+    store, root, _ = trained_round
+    work, keep = tmp_path / "work", tmp_path / "kept"
+    shutil.copytree(root / "store" / LAYOUT.stage("verifier"), work / "verifier")
+    (work / "metrics.json").write_text("{}")
+    keep.mkdir()
+    load_bench("verifier_auc").keep_trained(Namespace(work=work, keep=keep))
+    assert (keep / "verifier" / "tokenizer.json.xz").is_file()
+    assert not (keep / "verifier" / "tokenizer.json").exists()
+    tasks = root / "tasks" / "validation.jsonl"
+    code = evaluate_cli(
+        monkeypatch,
+        tasks,
+        tmp_path / "eval",
+        tiny_model_dir,
+        "--verifier",
+        str(keep / "verifier"),
+        CODEQ_EVALUATE__TIE_BREAK="verifier",
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    assert json.loads(captured.out.strip().splitlines()[-1])["tie_break"].startswith("verifier ")
+
+    packed = keep / "verifier" / "tokenizer.json.xz"
+    packed.write_bytes(lzma.compress(lzma.decompress(packed.read_bytes()) + b" "))
+    code = evaluate_cli(
+        monkeypatch,
+        tasks,
+        tmp_path / "eval-changed",
+        tiny_model_dir,
+        "--verifier",
+        str(keep / "verifier"),
+        CODEQ_EVALUATE__TIE_BREAK="verifier",
+    )
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(errors) == 1 and f"{packed} fails its sha256" in errors[0], errors
+
+
 def test_codeq_evaluate_refuses_a_missing_or_foreign_verifier_in_one_line(
     trained_round, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):

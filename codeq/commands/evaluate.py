@@ -58,7 +58,7 @@ def command(
         None,
         "--verifier",
         help="A learned verifier's folder (its LoRA beside VERIFIER.json, as a round's "
-        "verifier stage writes it) that chooses among answers passing as many visible tests "
+        "verifier stage writes it, or as bench/verifier_auc.py --keep keeps it) that chooses among answers passing as many visible tests "
         "when evaluate.tie_break is 'verifier'; refused when it was trained on another base "
         "model than --model.",
         metavar="DIR",
@@ -83,7 +83,7 @@ def command(
     )
     folder = out_dir(out, config, "eval")
     split: Split = "validation" if tasks.name.startswith("validation") else "test"
-    tie_break = answer_tie_break(config, verifier)
+    tie_break = answer_tie_break(config, verifier, folder / "kept-verifier")
     results = evaluate(tasks, folder, config, split=split, adapter=adapter, tie_break=tie_break)
     summary = {
         mode: stats.model_dump(include={"n", "solved", "solve_rate", "ci_low", "ci_high"})
@@ -95,9 +95,12 @@ def command(
     )
 
 
-def answer_tie_break(config: CodeQConfig, verifier: Path | None) -> VerifierTieBreak | None:
-    """The verifier in `verifier` where evaluate.tie_break asks for one (its base model checked
-    against --model's), else None: the self-critique chooses, where the config allows it."""
+def answer_tie_break(
+    config: CodeQConfig, verifier: Path | None, scratch: Path
+) -> VerifierTieBreak | None:
+    """The verifier in `verifier` (a round's, or one kept in git, unpacked into `scratch`)
+    where evaluate.tie_break asks for one (its base model checked against --model's), else
+    None: the self-critique chooses, where the config allows it."""
     from codeq.errors import BadInputError
     from codeq.pipeline.verifier import critique_stands_in
     from codeq.train.lineage import base_lineage
@@ -123,4 +126,4 @@ def answer_tie_break(config: CodeQConfig, verifier: Path | None) -> VerifierTieB
             "or set verifier.fallback=critique to let the self-critique choose",
         )
         return None
-    return Verifier.load(verifier, config, base_lineage(config.policy)).tie_break()
+    return Verifier.load_kept(verifier, config, base_lineage(config.policy), scratch).tie_break()

@@ -71,6 +71,46 @@ def read_info(folder: Path) -> VerifierInfo:
         ) from None
 
 
+KEPT_FILE = "KEPT.json"  # beside a verifier/ folder kept for git: each file's sha256
+
+
+def unpacked_verifier(folder: Path, scratch: Path) -> Path:
+    """`folder` itself when it holds the verifier as the verifier stage writes it; for a
+    folder kept for git (KEPT.json in it or its parent), its verifier/ files unpacked into
+    `scratch`, each checked against the sha256 KEPT.json records (CorruptInputError naming the
+    file that fails)."""
+    import hashlib
+    import json
+    import lzma
+
+    record = next(
+        (path for path in (folder / KEPT_FILE, folder.parent / KEPT_FILE) if path.is_file()), None
+    )
+    if record is None:
+        return folder
+    hint = "restore the kept verifier from git (git checkout -- its folder)"
+    for name, entry in json.loads(record.read_text(encoding="utf-8"))["files"].items():
+        if not name.startswith("verifier/"):
+            continue
+        path = record.parent / entry["file"]
+        if not path.is_file():
+            raise CorruptInputError(f"{path} is missing (listed in {record})", hint=hint)
+        data = path.read_bytes()
+        if path.name.endswith(".xz"):
+            try:
+                data = lzma.decompress(data)
+            except lzma.LZMAError as exc:
+                raise CorruptInputError(
+                    f"{path} is not a readable xz file ({exc})", hint=hint
+                ) from None
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CorruptInputError(f"{path} fails its sha256 (recorded in {record})", hint=hint)
+        target = scratch / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return scratch / "verifier"
+
+
 def check_lineage(info: VerifierInfo, policy: Lineage, where: str) -> None:
     """Refuse a verifier whose base model is not the policy's: its LoRA and score head fit
     only the weights they were trained on."""
@@ -143,6 +183,16 @@ class Verifier:
         model = PeftModel.from_pretrained(base, str(folder)).to(device).eval()
         log.info("loaded %s", info.describe())
         return cls(model, tokenizer, info, config.verifier.batch_size, device)
+
+    @classmethod
+    def load_kept(
+        cls, folder: str | Path, config: CodeQConfig, policy: Lineage, scratch: Path
+    ) -> Verifier:
+        """`load`, for a verifier folder as a round writes it or as git keeps it
+        (bench/verifier_auc.py --keep: KEPT.json beside `verifier/`, files xz-packed where
+        it paid), the kept one unpacked into `scratch` first, each file checked against its
+        sha256."""
+        return cls.load(unpacked_verifier(Path(folder), scratch), config, policy)
 
     @property
     def id(self) -> str:
