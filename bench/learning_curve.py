@@ -239,6 +239,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# The train keys a segment of the curve sets from a given round on (round_settings), each with
+# the value it has before: the config each round runs with takes them from there (round_rule).
+ROUND_TRAIN_KEYS = {"earlier_rounds": 0, "sft_weight": 0.0}
+
+
 def round_settings(args: argparse.Namespace, number: int) -> dict[str, Any]:
     """The config round `number` runs with: the curve's, under the promotion rule that
     decides that round (--promotion-samples from --promotion-samples-from on), its replay
@@ -571,17 +576,16 @@ class Curve:
         )
 
     def round_rule(self, round_number: int, config: Any) -> Any:
-        """`config` under the promotion rule and the replay of round `round_number`
-        (round_settings)."""
+        """`config` under the promotion rule, the replay and the likelihood term of round
+        `round_number` (round_settings)."""
         settings = round_settings(self.args, round_number)
         samples = settings["promotion"]["samples"]
-        replay = settings["train"].get("earlier_rounds", 0)
         if config.promotion.samples != samples:
             promotion = config.promotion.model_copy(update={"samples": samples})
             config = config.model_copy(update={"promotion": promotion})
-        if config.train.earlier_rounds != replay:
-            train = config.train.model_copy(update={"earlier_rounds": replay})
-            config = config.model_copy(update={"train": train})
+        train = {key: settings["train"].get(key, off) for key, off in ROUND_TRAIN_KEYS.items()}
+        if any(getattr(config.train, key) != value for key, value in train.items()):
+            config = config.model_copy(update={"train": config.train.model_copy(update=train)})
         return config
 
     def settings(self, number: int) -> dict[str, Any]:

@@ -210,6 +210,40 @@ def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds
     assert changed == ["train.earlier_rounds 0 -> 2"]
 
 
+def test_a_chain_adding_the_likelihood_term_from_a_round_keeps_its_committed_rounds():
+    """--sft-weight W from round N (the fourth segment, from round 16): every committed round
+    before N restores as it was trained (DPO alone); round N and later train with the chosen
+    programs' likelihood term beside DPO and replay, and the config each round runs with says
+    so (the train stage's fingerprint holds train.sft_weight, so no earlier train is reused)."""
+    import learning_curve
+
+    from codeq.config import load_config
+    from codeq.pipeline.fingerprint import TRAIN_KEYS
+
+    command = [
+        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
+        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
+        "--rounds", "20", "--stop-after-promotions", "2",
+        "--promotion-samples", "8", "--promotion-samples-from", "11",
+        "--replay-rounds", "2", "--replay-from", "15", "--sft-weight", "1", "--sft-from", "16",
+    ]  # fmt: skip
+    args = learning_curve.parse_args(command)
+    for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
+        number = json.loads(path.read_text())["round"]
+        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
+        recorded = json.loads(path.read_text())["settings"]
+        assert curve_rounds.settings_changes(recorded, now) == [], path
+    sixteen = load_config(None, learning_curve.round_settings(args, 16)).train
+    assert (sixteen.sft_weight, sixteen.earlier_rounds) == (1.0, 2)
+    assert load_config(None, learning_curve.round_settings(args, 15)).train.sft_weight == 0.0
+    changed = curve_rounds.settings_changes(
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, 15)),
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, 16)),
+    )
+    assert changed == ["train.sft_weight 0.0 -> 1.0"]
+    assert "train.sft_weight" in TRAIN_KEYS
+
+
 def test_a_finished_rounds_train_tasks_may_differ_in_content_not_in_which_tasks(tmp_path):
     """Prepare drops a generated hidden test the oracle did not answer in time, so a loaded
     machine builds other train files for the same tasks: the finished round stands, said so."""

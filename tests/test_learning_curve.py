@@ -255,6 +255,8 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     options = ("--search-settings", "defaults", "--test-after-chain", "--learning-rates", "1e-3")
     # round 1 replays round 0's pairs (the third curve's third segment): restored from git
     options += ("--replay-rounds", "1", "--replay-from", "1")
+    # and adds the chosen programs' likelihood term (the fourth segment's, from round 16)
+    options += ("--sft-weight", "1", "--sft-from", "1")
     command = [sys.executable, str(REPO / "bench" / "learning_curve.py"), "--tiny"]
     command += ["--rounds", "2", "--out", str(tmp_path / "curve"), "--results", str(results)]
     command += list(options)
@@ -320,11 +322,22 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     round_0_pairs = (store / "round-0" / "pairs" / "pairs.jsonl").read_text().splitlines()
     trained = json.loads((store / "round-1" / "adapter" / "_COMPLETE").read_text())
     assert trained["replayed"] == {"round 0": len(round_0_pairs)}
+    trained_with = {
+        number: json.loads((store / f"round-{number}" / "adapter" / "metrics.json").read_text())
+        for number in (0, 1)
+    }
+    assert [trained_with[n]["config"]["sft_weight"] for n in (0, 1)] == [0.0, 1.0]
     assert (
         json.loads((results / "rounds" / "round-1" / "round.json").read_text())["settings"][
             "train.earlier_rounds"
         ]
         == 1
+    )
+    assert (
+        json.loads((results / "rounds" / "round-1" / "round.json").read_text())["settings"][
+            "train.sft_weight"
+        ]
+        == 1.0
     )
 
     # --restore-only: the committed rounds and their tasks, prepared again, and nothing else
