@@ -358,25 +358,10 @@ def committed_content(
 ) -> bytes:
     """A committed object's content, checked against its sha256 (one line naming the file and
     the record that lists it: `record`, by default the round's round.json in `folder`)."""
-    from codeq.errors import CorruptInputError
+    from codeq.schemas import read_kept
 
     record = record or folder / ROUND_FILE
-    path = folder / recorded["file"]
-    if not path.is_file():
-        raise CorruptInputError(f"{path} is missing (listed for {key} in {record})", hint=RESTORE)
-    data = path.read_bytes()
-    if path.name.endswith(".xz"):
-        try:
-            data = lzma.decompress(data)
-        except lzma.LZMAError as exc:
-            raise CorruptInputError(
-                f"{path} is not a readable xz file ({exc})", hint=RESTORE
-            ) from exc
-    if hashlib.sha256(data).hexdigest() != recorded["sha256"]:
-        raise CorruptInputError(
-            f"{path} fails its sha256 (recorded in {record} for {key})", hint=RESTORE
-        )
-    return data
+    return read_kept(folder / recorded["file"], recorded["sha256"], record, RESTORE, key)
 
 
 def restore_round(store: Any, results: Path, number: int, settings: dict[str, Any]) -> bool:

@@ -111,6 +111,16 @@ def fig(path: str, figure: str, part: str = "") -> str:
     return f"{path}:{figure}{part}"
 
 
+def exact_p_text(gained: int, lost: int) -> str:
+    """The exact one-sided McNemar p of a comparison in its direction: of a gain where it
+    gained at least as many as it lost, else "worse" and that of a loss."""
+    from curve_figure import p_text
+
+    if gained >= lost:
+        return p_text(one_sided_mcnemar(gained, lost))
+    return "worse " + p_text(one_sided_mcnemar(lost, gained))
+
+
 def budgets(
     prefix: str,
     split: str,
@@ -1372,7 +1382,6 @@ def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
 def verifier_test_entries(path: str, run: dict[str, Any]) -> list[Entry]:
     """A search modes' --test-run: per search, its answers by agreement then the kept verifier
     against the critique's from the same trees (the verifier decision's one test run)."""
-    from curve_figure import p_text
 
     found = []
     for forest, measured in (run.get("forests") or {}).items():
@@ -1388,9 +1397,7 @@ def verifier_test_entries(path: str, run: dict[str, Any]) -> list[Entry]:
                 f"search modes' test run ({Path(path).stem}), {forest}: "
                 f"{comparison['other']} vs {comparison['baseline']}",
                 (gained, lost),
-                p=p_text(one_sided_mcnemar(gained, lost))
-                if gained >= lost
-                else "worse " + p_text(one_sided_mcnemar(lost, gained)),
+                p=exact_p_text(gained, lost),
                 where="results/search-modes/README.md",
                 decision=(f"{path}#{forest}#{index}",),
             )
@@ -1406,7 +1413,6 @@ def verifier_entries() -> list[Entry]:
     with the learned verifier breaking the ties at the top of the visible tests, against the
     self-critique's choice: the declared rule (its `decision`) decided whether the verifier
     replaces the critique."""
-    from curve_figure import p_text
 
     found = []
     for path in sorted((RESULTS / VERIFIER).glob("*.json")):
@@ -1415,7 +1421,6 @@ def verifier_entries() -> list[Entry]:
             continue
         name = path.relative_to(RESULTS).as_posix()
         gained, lost, tasks = decision_ids(name)
-        better = len(gained) >= len(lost)
         settings = ", ".join(f"`{k}` {v}" for k, v in run["decision"]["settings"].items())
         found.append(
             e(
@@ -1426,9 +1431,7 @@ def verifier_entries() -> list[Entry]:
                 "best-of-16's answers chosen again: the learned verifier breaking ties vs the "
                 "self-critique",
                 (len(gained), len(lost)),
-                p=p_text(one_sided_mcnemar(len(gained), len(lost)))
-                if better
-                else "worse " + p_text(one_sided_mcnemar(len(lost), len(gained))),
+                p=exact_p_text(len(gained), len(lost)),
                 role="decided",
                 outcome=(
                     "verifier replaces the critique: "
@@ -1456,7 +1459,6 @@ def answer_selection_entries() -> list[Entry]:
     verifier), how agreement ranks (answered probes first against group size alone) and how
     many probes it runs (answered then the verifier at one count against another, a third run
     paired against its --baseline)."""
-    from curve_figure import p_text
 
     runs = [
         (read(path.relative_to(RESULTS).as_posix()), path)
@@ -1483,9 +1485,7 @@ def answer_selection_entries() -> list[Entry]:
                         f"{forest}'s answers chosen again: {comparison['other']} vs "
                         f"{comparison['baseline']}",
                         (gained, lost),
-                        p=p_text(one_sided_mcnemar(gained, lost))
-                        if gained >= lost
-                        else "worse " + p_text(one_sided_mcnemar(lost, gained)),
+                        p=exact_p_text(gained, lost),
                         role="decided" if outcome else "",
                         outcome=outcome or "",
                         where="results/answer-selection/README.md",

@@ -255,6 +255,29 @@ def write_jsonl(path: str | Path, records: Iterable[BaseModel], append: bool = F
     return count
 
 
+def read_kept(path: Path, sha256: str, record: Path, hint: str, key: str = "") -> bytes:
+    """The content of a file kept for git beside its record (a round's round.json, a kept
+    verifier's KEPT.json): xz-unpacked where its name ends in .xz, checked against the
+    `sha256` the record holds; CorruptInputError naming the file and the record otherwise."""
+    import hashlib
+    import lzma
+
+    listed = f"{record} for {key}" if key else str(record)
+    if not path.is_file():
+        raise CorruptInputError(f"{path} is missing (listed in {listed})", hint=hint)
+    data = path.read_bytes()
+    if path.name.endswith(".xz"):
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError as exc:
+            raise CorruptInputError(
+                f"{path} is not a readable xz file ({exc})", hint=hint
+            ) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise CorruptInputError(f"{path} fails its sha256 (recorded in {listed})", hint=hint)
+    return data
+
+
 def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
     """Atomic pretty JSON write (reports, stats, metrics)."""
     path = Path(path)

@@ -22,6 +22,16 @@ from codeq.store import open_store  # noqa: E402
 SETTINGS = {"search": {"seed": 0}, "promotion": {"guard_modes": [], "samples": 0}}
 
 
+# the third curve's command from its second segment on (promotion on 8 sampled answers from
+# round 11); later segments add their options to it
+SECOND_SEGMENT = [
+    "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
+    "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
+    "--rounds", "20", "--stop-after-promotions", "2",
+    "--promotion-samples", "8", "--promotion-samples-from", "11",
+]  # fmt: skip
+
+
 def manifest_of(train: str, report: str) -> bytes:
     """A prepare manifest: its split files' sha256, and report.json's (which holds timings)."""
     files = {"train.jsonl": {"sha256": train * 32}, "report.json": {"sha256": report * 32}}
@@ -154,12 +164,7 @@ def test_a_chain_going_on_under_the_powered_rule_keeps_its_earlier_rounds_rule()
 
     from codeq.config import load_config
 
-    command = [
-        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
-        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
-        "--rounds", "20", "--stop-after-promotions", "2",
-        "--promotion-samples", "8", "--promotion-samples-from", "11",
-    ]  # fmt: skip
+    command = SECOND_SEGMENT
     args = learning_curve.parse_args(command)
     rounds = sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json"))
     assert rounds
@@ -188,13 +193,7 @@ def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds
 
     from codeq.config import load_config
 
-    command = [
-        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
-        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
-        "--rounds", "20", "--stop-after-promotions", "2",
-        "--promotion-samples", "8", "--promotion-samples-from", "11",
-        "--replay-rounds", "2", "--replay-from", "15",
-    ]  # fmt: skip
+    command = [*SECOND_SEGMENT, "--replay-rounds", "2", "--replay-from", "15"]
     args = learning_curve.parse_args(command)
     for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
         number = json.loads(path.read_text())["round"]
@@ -220,13 +219,8 @@ def test_a_chain_adding_the_likelihood_term_from_a_round_keeps_its_committed_rou
     from codeq.config import load_config
     from codeq.pipeline.fingerprint import TRAIN_KEYS
 
-    command = [
-        "--out", "/tmp/unused", "--results", "docs/results/learning-curve-defaults",
-        "--search-settings", "defaults", "--test-after-chain", "--test-skip", "60",
-        "--rounds", "20", "--stop-after-promotions", "2",
-        "--promotion-samples", "8", "--promotion-samples-from", "11",
-        "--replay-rounds", "2", "--replay-from", "15", "--sft-weight", "1", "--sft-from", "16",
-    ]  # fmt: skip
+    command = [*SECOND_SEGMENT, "--replay-rounds", "2", "--replay-from", "15"]
+    command += ["--sft-weight", "1", "--sft-from", "16"]
     args = learning_curve.parse_args(command)
     for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
         number = json.loads(path.read_text())["round"]

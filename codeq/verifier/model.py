@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from codeq.config import CodeQConfig
 from codeq.errors import CorruptInputError, MissingInputError, VerifierLineageError
-from codeq.schemas import Lineage, Node, Task, tied_at_top
+from codeq.schemas import Lineage, Node, Task, read_kept, tied_at_top
 from codeq.verifier.data import encode
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,7 @@ def unpacked_verifier(folder: Path, scratch: Path) -> Path:
     folder kept for git (KEPT.json in it or its parent), its verifier/ files unpacked into
     `scratch`, each checked against the sha256 KEPT.json records (CorruptInputError naming the
     file that fails)."""
-    import hashlib
     import json
-    import lzma
 
     record = next(
         (path for path in (folder / KEPT_FILE, folder.parent / KEPT_FILE) if path.is_file()), None
@@ -90,24 +88,11 @@ def unpacked_verifier(folder: Path, scratch: Path) -> Path:
         return folder
     hint = "restore the kept verifier from git (git checkout -- its folder)"
     for name, entry in json.loads(record.read_text(encoding="utf-8"))["files"].items():
-        if not name.startswith("verifier/"):
-            continue
-        path = record.parent / entry["file"]
-        if not path.is_file():
-            raise CorruptInputError(f"{path} is missing (listed in {record})", hint=hint)
-        data = path.read_bytes()
-        if path.name.endswith(".xz"):
-            try:
-                data = lzma.decompress(data)
-            except lzma.LZMAError as exc:
-                raise CorruptInputError(
-                    f"{path} is not a readable xz file ({exc})", hint=hint
-                ) from None
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise CorruptInputError(f"{path} fails its sha256 (recorded in {record})", hint=hint)
-        target = scratch / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        if name.startswith("verifier/"):
+            data = read_kept(record.parent / entry["file"], entry["sha256"], record, hint)
+            target = scratch / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
     return scratch / "verifier"
 
 
