@@ -259,6 +259,12 @@ def p_text(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}".rstrip("0").rstrip(".")
 
 
+def p_clause(p: float, label: str = "p") -> str:
+    """'p = 0.031', or 'p < 0.001' (never 'p = < 0.001')."""
+    text = p_text(p)
+    return f"{label} {text}" if text.startswith("<") else f"{label} = {text}"
+
+
 def named_policy(loaded: dict[str, EvalResults], lineage_id: str) -> str:
     """The name under which `loaded` holds the results of the policy with this lineage id."""
     return next(
@@ -276,17 +282,14 @@ def paired_text(paired: ModeComparison | None, against: str | None) -> str:
     counts = paired.pass_counts
     if counts is not None:  # decided on pass counts: say those and the sign-flip p
         better = counts.candidate_passes >= counts.incumbent_passes
-        p = f"p = {p_text(paired.p_better)}" if better else f"p worse = {p_text(paired.p_worse)}"
+        p = p_clause(paired.p_better) if better else p_clause(paired.p_worse, "p worse")
         return (
             f"; +{gained} / -{lost} vs {against}; {counts.samples + 1} answers a task: "
             f"{counts.candidate_passes} against {counts.incumbent_passes} of {counts.answers} "
             f"pass, more on {counts.tasks_better} tasks, fewer on {counts.tasks_worse}, "
             f"sign-flip {p}"
         )
-    if gained >= lost:
-        p = f"p = {p_text(paired.p_better)}"
-    else:
-        p = f"p worse = {p_text(paired.p_worse)}"
+    p = p_clause(paired.p_better) if gained >= lost else p_clause(paired.p_worse, "p worse")
     return f"; +{gained} / -{lost} vs {against}, {p}"
 
 
