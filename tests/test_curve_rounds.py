@@ -32,6 +32,27 @@ SECOND_SEGMENT = [
 ]  # fmt: skip
 
 
+def assert_committed_rounds_made_with(args) -> None:
+    """Every committed round of the third curve records the settings `args` give that round."""
+    import learning_curve
+
+    for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
+        number = json.loads(path.read_text())["round"]
+        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
+        recorded = json.loads(path.read_text())["settings"]
+        assert curve_rounds.settings_changes(recorded, now) == [], path
+
+
+def settings_change(args, before: int, after: int) -> list[str]:
+    """What `args` change in the settings from round `before` to round `after`."""
+    import learning_curve
+
+    return curve_rounds.settings_changes(
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, before)),
+        curve_rounds.effective_settings(learning_curve.portable_settings(args, after)),
+    )
+
+
 def manifest_of(train: str, report: str) -> bytes:
     """A prepare manifest: its split files' sha256, and report.json's (which holds timings)."""
     files = {"train.jsonl": {"sha256": train * 32}, "report.json": {"sha256": report * 32}}
@@ -178,11 +199,7 @@ def test_a_chain_going_on_under_the_powered_rule_keeps_its_earlier_rounds_rule()
     later = learning_curve.round_settings(args, 11)
     assert load_config(None, later).promotion.samples == 8
     assert learning_curve.round_settings(args, 10)["promotion"]["samples"] == 0
-    changed = curve_rounds.settings_changes(
-        curve_rounds.effective_settings(learning_curve.portable_settings(args, 10)),
-        curve_rounds.effective_settings(learning_curve.portable_settings(args, 11)),
-    )
-    assert changed == ["promotion.samples 0 -> 8"]
+    assert settings_change(args, 10, 11) == ["promotion.samples 0 -> 8"]
 
 
 def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds():
@@ -195,18 +212,10 @@ def test_a_chain_replaying_earlier_pairs_from_a_round_keeps_its_committed_rounds
 
     command = [*SECOND_SEGMENT, "--replay-rounds", "2", "--replay-from", "15"]
     args = learning_curve.parse_args(command)
-    for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
-        number = json.loads(path.read_text())["round"]
-        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
-        recorded = json.loads(path.read_text())["settings"]
-        assert curve_rounds.settings_changes(recorded, now) == [], path
+    assert_committed_rounds_made_with(args)
     assert load_config(None, learning_curve.round_settings(args, 15)).train.earlier_rounds == 2
     assert load_config(None, learning_curve.round_settings(args, 14)).train.earlier_rounds == 0
-    changed = curve_rounds.settings_changes(
-        curve_rounds.effective_settings(learning_curve.portable_settings(args, 14)),
-        curve_rounds.effective_settings(learning_curve.portable_settings(args, 15)),
-    )
-    assert changed == ["train.earlier_rounds 0 -> 2"]
+    assert settings_change(args, 14, 15) == ["train.earlier_rounds 0 -> 2"]
 
 
 def test_a_chain_adding_the_likelihood_term_from_a_round_keeps_its_committed_rounds():
@@ -222,19 +231,11 @@ def test_a_chain_adding_the_likelihood_term_from_a_round_keeps_its_committed_rou
     command = [*SECOND_SEGMENT, "--replay-rounds", "2", "--replay-from", "15"]
     command += ["--sft-weight", "1", "--sft-from", "16"]
     args = learning_curve.parse_args(command)
-    for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
-        number = json.loads(path.read_text())["round"]
-        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
-        recorded = json.loads(path.read_text())["settings"]
-        assert curve_rounds.settings_changes(recorded, now) == [], path
+    assert_committed_rounds_made_with(args)
     sixteen = load_config(None, learning_curve.round_settings(args, 16)).train
     assert (sixteen.sft_weight, sixteen.earlier_rounds) == (1.0, 2)
     assert load_config(None, learning_curve.round_settings(args, 15)).train.sft_weight == 0.0
-    changed = curve_rounds.settings_changes(
-        curve_rounds.effective_settings(learning_curve.portable_settings(args, 15)),
-        curve_rounds.effective_settings(learning_curve.portable_settings(args, 16)),
-    )
-    assert changed == ["train.sft_weight 0.0 -> 1.0"]
+    assert settings_change(args, 15, 16) == ["train.sft_weight 0.0 -> 1.0"]
     assert "train.sft_weight" in TRAIN_KEYS
 
 
