@@ -628,21 +628,26 @@ def evaluate_cli(monkeypatch, tasks: Path, out: Path, model: Path, *extra: str, 
     return run([*command, "--modes", "bon", "--max-tasks", "1", "--rollouts", "1", *extra])
 
 
+def evaluate_with_verifier(monkeypatch, tasks: Path, out: Path, model: Path, verifier: Path):
+    """`codeq evaluate --verifier DIR` with the verifier breaking ties; returns the exit code."""
+    return evaluate_cli(
+        monkeypatch,
+        tasks,
+        out,
+        model,
+        "--verifier",
+        str(verifier),
+        CODEQ_EVALUATE__TIE_BREAK="verifier",
+    )
+
+
 def test_codeq_evaluate_chooses_with_a_kept_verifier_and_says_so(
     trained_round, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
     store, root, _ = trained_round
     kept = root / "store" / LAYOUT.stage("verifier")  # a verifier folder outside any round
     tasks = root / "tasks" / "validation.jsonl"
-    code = evaluate_cli(
-        monkeypatch,
-        tasks,
-        tmp_path / "eval",
-        tiny_model_dir,
-        "--verifier",
-        str(kept),
-        CODEQ_EVALUATE__TIE_BREAK="verifier",
-    )
+    code = evaluate_with_verifier(monkeypatch, tasks, tmp_path / "eval", tiny_model_dir, kept)
     captured = capsys.readouterr()
     assert code == 0, captured.err[-2000:]
     summary = json.loads(captured.out.strip().splitlines()[-1])
@@ -681,14 +686,8 @@ def test_codeq_evaluate_reads_a_verifier_kept_in_git_and_refuses_a_changed_file(
     assert (keep / "verifier" / "tokenizer.json.xz").is_file()
     assert not (keep / "verifier" / "tokenizer.json").exists()
     tasks = root / "tasks" / "validation.jsonl"
-    code = evaluate_cli(
-        monkeypatch,
-        tasks,
-        tmp_path / "eval",
-        tiny_model_dir,
-        "--verifier",
-        str(keep / "verifier"),
-        CODEQ_EVALUATE__TIE_BREAK="verifier",
+    code = evaluate_with_verifier(
+        monkeypatch, tasks, tmp_path / "eval", tiny_model_dir, keep / "verifier"
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err[-2000:]
@@ -696,14 +695,8 @@ def test_codeq_evaluate_reads_a_verifier_kept_in_git_and_refuses_a_changed_file(
 
     packed = keep / "verifier" / "tokenizer.json.xz"
     packed.write_bytes(lzma.compress(lzma.decompress(packed.read_bytes()) + b" "))
-    code = evaluate_cli(
-        monkeypatch,
-        tasks,
-        tmp_path / "eval-changed",
-        tiny_model_dir,
-        "--verifier",
-        str(keep / "verifier"),
-        CODEQ_EVALUATE__TIE_BREAK="verifier",
+    code = evaluate_with_verifier(
+        monkeypatch, tasks, tmp_path / "eval-changed", tiny_model_dir, keep / "verifier"
     )
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code != 0 and len(errors) == 1 and f"{packed} fails its sha256" in errors[0], errors
