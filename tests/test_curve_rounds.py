@@ -37,10 +37,11 @@ def assert_committed_rounds_made_with(args) -> None:
     import learning_curve
 
     for path in sorted((REPO / "docs/results/learning-curve-defaults/rounds").glob("*/round.json")):
-        number = json.loads(path.read_text())["round"]
-        now = curve_rounds.effective_settings(learning_curve.portable_settings(args, number))
-        recorded = json.loads(path.read_text())["settings"]
-        assert curve_rounds.settings_changes(recorded, now) == [], path
+        record = json.loads(path.read_text())
+        now = curve_rounds.effective_settings(
+            learning_curve.portable_settings(args, record["round"])
+        )
+        assert curve_rounds.settings_changes(record["settings"], now) == [], path
 
 
 def settings_change(args, before: int, after: int) -> list[str]:
