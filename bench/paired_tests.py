@@ -111,14 +111,19 @@ def fig(path: str, figure: str, part: str = "") -> str:
     return f"{path}:{figure}{part}"
 
 
-def exact_p_text(gained: int, lost: int) -> str:
-    """The exact one-sided McNemar p of a comparison in its direction: of a gain where it
-    gained at least as many as it lost, else "worse" and that of a loss."""
+def directed_p_text(gained: int, lost: int, p_better: float, p_worse: float) -> str:
+    """A comparison's p in its direction: that of a gain where it gained at least as many as
+    it lost, else "worse" and that of a loss."""
     from curve_figure import p_text
 
-    if gained >= lost:
-        return p_text(one_sided_mcnemar(gained, lost))
-    return "worse " + p_text(one_sided_mcnemar(lost, gained))
+    return p_text(p_better) if gained >= lost else "worse " + p_text(p_worse)
+
+
+def exact_p_text(gained: int, lost: int) -> str:
+    """The exact one-sided McNemar p of a comparison in its direction."""
+    return directed_p_text(
+        gained, lost, one_sided_mcnemar(gained, lost), one_sided_mcnemar(lost, gained)
+    )
 
 
 def budgets(
@@ -1301,7 +1306,7 @@ def defaults_test_measurement() -> list[Entry]:
     """One entry per mode each measured policy of the third curve's test measurement shares
     with the policy its round was meant to replace, on the 137 test tasks no decision used
     (bench/curve_figure.py's table on docs/results.md)."""
-    from curve_figure import load_defaults_curve, load_test_measurement, p_text
+    from curve_figure import load_defaults_curve, load_test_measurement
 
     rows = load_test_measurement(RESULTS / DEFAULTS, load_defaults_curve(RESULTS / DEFAULTS))
     labels = {row["name"]: row["label"] for row in rows}
@@ -1313,7 +1318,7 @@ def defaults_test_measurement() -> list[Entry]:
                 continue  # the same programs as full_rewrite's: one test, counted once
             against = labels[row["incumbent"]]
             gained, lost = len(paired.gained), len(paired.lost)
-            p = p_text(paired.p_better) if gained >= lost else "worse " + p_text(paired.p_worse)
+            p = directed_p_text(gained, lost, paired.p_better, paired.p_worse)
             kept = "" if row["promoted"] else ", kept out by validation"
             found.append(
                 e(
@@ -1341,7 +1346,6 @@ def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
     search (its verdict), the smaller budgets and MCTS against multi-turn are reported; a
     --test-run's rows (`*-test.json`) are all reported, and so is, per search, its answers
     chosen by agreement then the kept verifier against the critique's from the same trees."""
-    from curve_figure import p_text
 
     if paths is None:
         paths = [
@@ -1357,7 +1361,6 @@ def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
         on_test = run["split"] == "test"
         for number, row in enumerate(run["rows"], start=1):
             gained, lost = len(row["gained"]), len(row["lost"])
-            better = gained >= lost
             decides = row["second"] == full and not on_test
             found.append(
                 e(
@@ -1367,7 +1370,7 @@ def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
                     run["date"],
                     f"search modes at equal programs ({Path(path).stem}), {row['mode']}",
                     (gained, lost),
-                    p=p_text(row["p_better"]) if better else "worse " + p_text(row["p_worse"]),
+                    p=directed_p_text(gained, lost, row["p_better"], row["p_worse"]),
                     role="decided" if decides else "",
                     outcome=run["verdict"] if decides else "",
                     where="results/search-modes/README.md",
