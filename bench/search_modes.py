@@ -33,6 +33,13 @@ base). Each search's trees are then answered again by the self-critique, and by 
 the critique, so the critique's choice from the same trees stands beside the verifier's; the
 evaluation's own answers are recomputed from the trees as a check. It never writes into an
 existing --json: the test tasks are run once.
+
+A policy the curve promoted after more than one adapter (round 15's: base + round 3 + round 15)
+is named by its round record and the store holding its adapters, and evaluated as the curve
+evaluates it (every adapter merged into the base, each checked by its sha256):
+
+    python bench/search_modes.py ... --policy docs/results/learning-curve-defaults/round-16.json \
+        --store /work/curve-defaults/store
 """
 
 from __future__ import annotations
@@ -202,10 +209,53 @@ class LiveScores:
         return True
 
 
+def promoted_policy(record: Path, store: Path, config: CodeQConfig) -> tuple[Any, CodeQConfig]:
+    """The policy a promoted round's record names (its candidate's lineage) and the config
+    that loads it: every adapter read from `store` (a local store folder, where the curve keeps
+    them), checked by its sha256 and merged into the configured base once, as the curve
+    evaluates it. Refused: a record of a round validation kept out, a lineage on another base
+    model than --model, an adapter the store lacks or holds with other weights."""
+    import json
+
+    from codeq.errors import BadInputError, ConfigError
+    from codeq.schemas import Lineage
+    from codeq.train.lineage import base_lineage, materialize
+
+    try:
+        found = json.loads(record.read_text())
+        promoted, candidate = found["promoted"], Lineage.model_validate(found["candidate"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadInputError(
+            f"{record} is no round record with a candidate ({type(exc).__name__})",
+            hint="name a curve's round-N.json, e.g. docs/results/learning-curve-defaults/round-16.json",
+        ) from None
+    if not promoted:
+        raise BadInputError(
+            f"{record}: round {found.get('round')} was kept out by validation",
+            hint="the test run measures promoted policies only",
+        )
+    base = base_lineage(config.policy)
+    if candidate.base_sha256 != base.base_sha256:
+        raise ConfigError(
+            f"{record}'s policy builds on {candidate.base_model} "
+            f"({candidate.base_sha256[:12]}), but --model is {base.base_model} "
+            f"({base.base_sha256[:12]})",
+            hint="give the --model that round's curve ran with",
+        )
+    folders = [store / link.source for link in candidate.adapters]
+    model = materialize(candidate, folders, config.policy)
+    policy = config.policy.model_copy(update={"model": model, "adapter": None})
+    return candidate, config.model_copy(update={"policy": policy})
+
+
 def test_run_refusal(args: argparse.Namespace, config: CodeQConfig | None = None) -> str | None:
     """Why this invocation may not run on its tasks file (None: it may). Test tasks are run
     only by --test-run, once, with the verifier and agreement docs/results.md specified."""
     on_test = not args.tasks.name.startswith("validation")
+    if args.policy is not None and args.adapter is not None:
+        return "--policy names every adapter of a promoted policy: leave out --adapter"
+    if (args.policy is None) != (args.store is None):
+        return "--policy and --store go together: the round's record and the store of its adapters"
     if not args.test_run:
         if on_test:
             return "compare search modes on a validation file, never on test tasks"
@@ -300,6 +350,15 @@ def main() -> None:
     parser.add_argument("--tasks", type=Path, required=True, help="a validation.jsonl")
     parser.add_argument("--model", required=True, help="policy.model (a .gguf file, a folder)")
     parser.add_argument("--adapter", type=Path, help="a LoRA adapter folder (default: base model)")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        help="a promoted round's record (the curve's round-N.json): its candidate, every adapter "
+        "merged into --model as the curve evaluates it; with --store",
+    )
+    parser.add_argument(
+        "--store", type=Path, help="with --policy: the local store folder holding its adapters"
+    )
     parser.add_argument("--rewrites", type=int, default=2, help="K: MCTS rewrites an expansion")
     parser.add_argument("--rollouts", type=int, default=8, help="R: MCTS rollouts")
     parser.add_argument("--samples", type=int, default=4, help="N: multi-turn samples a turn")
@@ -353,6 +412,18 @@ def main() -> None:
     if args.keep is not None and args.keep.is_dir():
         restore_trees(args.keep, args.out)
     started = time.perf_counter()
+    engine, lineage = None, None
+    if args.policy is not None:
+        from codeq.errors import CodeQError
+        from codeq.policy import load_policy
+
+        try:
+            lineage, merged = promoted_policy(args.policy, args.store, config)
+        except CodeQError as exc:
+            raise SystemExit(
+                f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+            ) from None
+        engine = load_policy(merged.policy, seed=config.tasks.seed)
     tasks_path, verifier, tie_break = args.tasks, None, None
     if args.test_run:
         from codeq.train.lineage import base_lineage
@@ -364,7 +435,14 @@ def main() -> None:
         tie_break = verifier.tie_break()
     split = "test" if args.test_run else "validation"
     results = evaluate(
-        tasks_path, args.out, config, split=split, adapter=args.adapter, tie_break=tie_break
+        tasks_path,
+        args.out,
+        config,
+        split=split,
+        adapter=args.adapter,
+        engine=engine,
+        policy=lineage,
+        tie_break=tie_break,
     )
     selectors = answered_again(results, args.out, tasks_path, verifier, config) if verifier else {}
     table = rows(results, args)
@@ -410,6 +488,7 @@ def main() -> None:
                 "task_ids": results.task_ids,
                 "model": config.policy.model,
                 "adapter": str(args.adapter) if args.adapter else None,
+                "lineage": lineage.model_dump(mode="json") if lineage else None,
                 "programs_at_most": programs,
                 "search": config.search.model_dump(mode="json"),
                 "policy": config.policy.model_dump(mode="json"),

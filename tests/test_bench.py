@@ -428,12 +428,61 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(
             ["--tasks", "test.jsonl", "--test-run", "--verifier", "v", "--json", "README.md"],
             "the test tasks are run once",
         ),
+        (["--tasks", "validation.jsonl", "--policy", "round-16.json"], "go together"),
+        (
+            ["--tasks", "validation.jsonl", "--policy", "r.json", "--store", "s", "--adapter", "a"],
+            "leave out --adapter",
+        ),
     ],
 )
 def test_search_modes_refuses_test_tasks_and_unequal_budgets(arguments, message):
     command = [sys.executable, str(BENCH / "search_modes.py"), "--model", "m", *arguments]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
     assert result.returncode != 0 and message in result.stderr
+
+
+def test_search_modes_loads_a_promoted_policy_merged_from_its_round_record(
+    tiny_model_dir, tiny_adapter_dir, tmp_path
+):
+    """--policy round-N.json --store DIR: the candidate's adapters read from the store, checked
+    and merged into --model as the curve evaluates it; a kept-out round, another base model and
+    an adapter with other weights are each refused with the error naming why."""
+    import shutil
+
+    from codeq.config import load_config
+    from codeq.errors import BadInputError, ConfigError, MissingInputError
+    from codeq.schemas import AdapterLink
+    from codeq.train.lineage import adapter_sha256, base_lineage, holds_merge
+
+    promoted_policy = load_bench("search_modes").promoted_policy
+    config = load_config(
+        None, {"policy": {"model": str(tiny_model_dir), "cache_dir": str(tmp_path / "cache")}}
+    )
+    source = "runs/curve/round-2/adapter"
+    shutil.copytree(tiny_adapter_dir, tmp_path / "store" / source)
+    link = AdapterLink(round=2, sha256=adapter_sha256(tiny_adapter_dir), source=source)
+    candidate = base_lineage(config.policy).extended(link)
+
+    def record(name, lineage, promoted=True):
+        path = tmp_path / f"{name}.json"
+        body = {"round": 2, "promoted": promoted, "candidate": lineage.model_dump(mode="json")}
+        path.write_text(json.dumps(body))
+        return path
+
+    lineage, merged = promoted_policy(record("round-2", candidate), tmp_path / "store", config)
+    assert lineage == candidate and merged.policy.adapter is None
+    assert merged.policy.model.startswith(str(tmp_path / "cache" / "merged"))
+    assert holds_merge(Path(merged.policy.model), candidate)
+    assert config.policy.model == str(tiny_model_dir)  # the verifier still loads the base
+
+    with pytest.raises(BadInputError, match="kept out by validation"):
+        promoted_policy(record("kept-out", candidate, promoted=False), tmp_path / "store", config)
+    elsewhere = candidate.model_copy(update={"base_sha256": "0" * 64})
+    with pytest.raises(ConfigError, match="builds on"):
+        promoted_policy(record("other-base", elsewhere), tmp_path / "store", config)
+    retrained = base_lineage(config.policy).extended(link.model_copy(update={"sha256": "1" * 64}))
+    with pytest.raises(MissingInputError, match="does not match round 2"):
+        promoted_policy(record("retrained", retrained), tmp_path / "store", config)
 
 
 def test_search_modes_verdict_names_a_winner_only_at_five_points_and_p_below_005():
