@@ -150,7 +150,8 @@ def test_the_widening_paragraph_s_8_rollout_figures_from_the_committed_files() -
 
 def test_the_third_curves_test_measurement_pairs_each_policy_with_its_predecessor() -> None:
     """The 137 other test tasks, measured once after the chain: round 3's promoted policy
-    against the base model in both single-pass modes, on the same tasks."""
+    against the base model in both single-pass modes, on the same tasks; each later promoted
+    policy against the one before it; every other row a kept-out candidate."""
     folder = RESULTS / "learning-curve-defaults"
     rows = curve_figure.load_test_measurement(folder, curve_figure.load_defaults_curve(folder))
     by_name = {row["name"]: row for row in rows}
@@ -163,8 +164,11 @@ def test_the_third_curves_test_measurement_pairs_each_policy_with_its_predecesso
         assert paired.tasks == 137
         assert paired.candidate_solved == round_3.modes[mode].solved
         assert paired.incumbent_solved == base.modes[mode].solved
+    chain = ["base", "round-3", "round-15", "round-16"]  # what the curve promoted, in order
+    for earlier, later in zip(chain, chain[1:], strict=False):
+        assert by_name[later]["promoted"] and by_name[later]["incumbent"] == earlier
     for row in rows:  # the others: candidates validation kept out, reported beside them
-        if row["name"] not in ("base", "round-3"):
+        if row["name"] not in chain:
             assert not row["promoted"] and row["file"] == f"{row['name']}-candidate-test.json"
 
 
