@@ -1126,8 +1126,8 @@ NOT_PAIRED: dict[str, str] = {
     "learning-curve-defaults/rounds/round-8/store/runs/curve-lr0.0001/round-8/eval/candidate/test/results.json": "third curve round 8: test tasks not the spent 60",
     "learning-curve-defaults/rounds/round-8/store/runs/curve-lr0.0001/round-8/eval/incumbent/test/results.json": "third curve round 8: test tasks not the spent 60",
     # round-3-test.json (2026-11-29) evaluated again on 2026-12-05 by the same settings and
-    # lineage: 42 solved, not 38 (+7 / -3); results.md quotes rounds 15 and 16 against it, and
-    # those two comparisons are not yet ledger entries
+    # lineage: 42 solved, not 38 (+7 / -3); results.md quotes rounds 15 and 16 and round 9's
+    # candidate against it, and those three comparisons are not yet ledger entries
     "learning-curve-defaults/round-3-test-again.json": "third curve round 3's 137-task single pass measured again (a reproducibility check)",
 }
 

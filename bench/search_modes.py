@@ -415,14 +415,13 @@ def main() -> None:
     engine, lineage = None, None
     if args.policy is not None:
         from codeq.errors import CodeQError
+        from codeq.logs import report_error
         from codeq.policy import load_policy
 
         try:
             lineage, merged = promoted_policy(args.policy, args.store, config)
-        except CodeQError as exc:
-            raise SystemExit(
-                f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else "")
-            ) from None
+        except CodeQError as exc:  # one error: line and a hint, as the CLI prints them
+            sys.exit(report_error(exc, traceback=False))
         engine = load_policy(merged.policy, seed=config.tasks.seed)
     tasks_path, verifier, tie_break = args.tasks, None, None
     if args.test_run:
