@@ -623,7 +623,9 @@ def check_tasks(store: Any, results: Path, number: int, tasks_manifest_key: str)
                 f"{recorded.get(name, 'absent')[:12]} recorded)"
                 for name in differing
             ),
-            hint="use the DebugBench copy the curve used (--source), or a new --results folder"
+            hint="a busy machine's prepare times the oracle slower (other per-call limits, "
+            "dropped tests): run it again with nothing else on the CPUs; else use the "
+            "DebugBench copy the curve used (--source), or a new --results folder"
             + ("" if finished else f"; or delete {path.parent} to compute round {number} again"),
         )
     return "; ".join(notes) or None

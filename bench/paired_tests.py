@@ -1114,6 +1114,11 @@ DUPLICATES = {
     R1E + "incumbent-test.json": R0,
     R2E + "candidate-test.json": R2C,
     R2E + "incumbent-test.json": R0,
+    # measured again on a fresh machine (2026-12-06, bench/retest_single_pass.py's way): the same
+    # program for every task as the 2026-11-29 rows, and the same completion tokens
+    DEFAULTS + "retest/2026-12-06-base.json": DEFAULTS + "base-test.json",
+    DEFAULTS + "retest/2026-12-06-round-3-1.json": DEFAULTS + "round-3-test.json",
+    DEFAULTS + "retest/2026-12-06-round-3-2.json": DEFAULTS + "round-3-test.json",
     W0E + "candidate-test.json": R0,
     W0E + "incumbent-test.json": BASE,
     W1E + "candidate-test.json": WH + "round-1-test.json",
@@ -1125,10 +1130,11 @@ NOT_PAIRED: dict[str, str] = {
     # its validation tasks are the same 143), so its report's test comparison is not a T60 entry
     "learning-curve-defaults/rounds/round-8/store/runs/curve-lr0.0001/round-8/eval/candidate/test/results.json": "third curve round 8: test tasks not the spent 60",
     "learning-curve-defaults/rounds/round-8/store/runs/curve-lr0.0001/round-8/eval/incumbent/test/results.json": "third curve round 8: test tasks not the spent 60",
-    # round-3-test.json (2026-11-29) evaluated again on 2026-12-05 by the same settings and
-    # lineage: 42 solved, not 38 (+7 / -3); results.md quotes rounds 15 and 16 and round 9's
-    # candidate against it, and those three comparisons are not yet ledger entries
-    "learning-curve-defaults/round-3-test-again.json": "third curve round 3's 137-task single pass measured again (a reproducibility check)",
+    # round-3-test.json (2026-11-29) evaluated again on 2026-12-05: 42 solved, not 38 (+7 / -3).
+    # On a fresh machine on 2026-12-06 round 3 twice in one process and the base model gave the
+    # 2026-11-29 rows exactly (DUPLICATES above), so this row is the one that does not
+    # reproduce; nothing is paired against it
+    "learning-curve-defaults/round-3-test-again.json": "third curve round 3's 137-task single pass of 2026-12-05, which did not reproduce (retest/)",
 }
 
 

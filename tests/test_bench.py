@@ -535,3 +535,23 @@ def test_the_verifier_replaces_the_critique_only_by_the_declared_rule():
         assert not kept["replaces_critique"]
         assert kept["settings"] == {"evaluate.tie_break": "critique", "pairs.q_ai": "critique"}
         assert any(reason in why for why in kept["why"]), kept["why"]
+
+
+def test_retest_compares_a_row_task_by_task_with_the_committed_one():
+    """bench/retest_single_pass.py's verdict, on the curve's committed 137-task rows: the base
+    model's against round 3's differs on the +21 / -7 tasks results.md reports, and a row
+    against itself is identical (solved, tokens, no task differing)."""
+    from codeq.evaluate import EvalResults
+
+    retest = load_bench("retest_single_pass")
+    rows = BENCH.parent / "docs" / "results" / "learning-curve-defaults"
+    base = EvalResults.load(rows / "base-test.json")
+    round_3 = EvalResults.load(rows / "round-3-test.json")
+
+    found = retest.differences(base, round_3, "zero_shot")
+    assert found["solved"] == (24, 38)
+    assert len(found["differ"]) == 21 + 7
+    assert "DIFFERS" in retest.describe("retest-round-3-1", found)
+    same = retest.differences(round_3, round_3, "full_rewrite")
+    assert same["differ"] == [] and same["completion_tokens"] == (36338, 36338)
+    assert retest.describe("retest-round-3-1", same).endswith("identical")
