@@ -48,12 +48,18 @@ def differences(recorded: Any, measured: Any, mode: str) -> dict[str, Any]:
     }
 
 
+def identical(found: dict[str, Any]) -> bool:
+    """Whether a run wrote what the committed row holds: no task differs, same tokens."""
+    tokens_then, tokens_now = found["completion_tokens"]
+    return not found["differ"] and tokens_then == tokens_now
+
+
 def describe(run: str, found: dict[str, Any]) -> str:
     (solved_then, solved_now), (tokens_then, tokens_now) = (
         found["solved"],
         found["completion_tokens"],
     )
-    verdict = "identical" if not found["differ"] and tokens_then == tokens_now else "DIFFERS"
+    verdict = "identical" if identical(found) else "DIFFERS"
     return (
         f"{run} {found['mode']}: solved {solved_now} (committed {solved_then}), completion "
         f"tokens {tokens_now} (committed {tokens_then}), {len(found['differ'])} tasks differ: "
@@ -62,11 +68,12 @@ def describe(run: str, found: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="after --: the curve's options"
+    )
     parser.add_argument("name", help="the committed row: base, round-N or round-N-candidate")
     parser.add_argument("--into", type=Path, required=True, help="scratch folder for the runs")
     parser.add_argument("--times", type=int, default=1, help="runs in one process (default 1)")
-    parser.add_argument("curve", nargs="*", help="after --: the curve's options")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -98,7 +105,7 @@ def main() -> int:
         for mode in modes:
             found = differences(recorded, measured, mode)
             print(describe(run, found), flush=True)
-            same = same and not found["differ"] and len(set(found["completion_tokens"])) == 1
+            same = same and identical(found)
     return 0 if same else 1
 
 
