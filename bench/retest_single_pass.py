@@ -81,14 +81,17 @@ def main() -> int:
 
     import learning_curve
 
+    from codeq.errors import MissingInputError
     from codeq.evaluate import EvalResults
     from codeq.logs import report_error
 
     curve_args = learning_curve.parse_args(curve_argv)
     committed = curve_args.results / f"{args.name}-test.json"
     if not committed.is_file():
-        report_error(f"no committed row {committed}", "name a <name>-test.json of --results")
-        return 2
+        missing = MissingInputError(
+            f"no committed row {committed}", hint="name a <name>-test.json of --results"
+        )
+        return report_error(missing, traceback=False)
     recorded = EvalResults.load(committed)
     modes = [mode for mode in SINGLE_PASS if mode in recorded.modes]
     chosen = learning_curve.read_json_or(curve_args.results / "learning-rate.json", {})
