@@ -2,7 +2,9 @@
 no model): the headline table of the learning curves (each policy in each single-pass mode,
 solved of n with its 95% Wilson interval, paired against the policy it was meant to replace),
 MCTS against best-of-N at equal programs, the single pass on the test tasks the curves never
-scored, and the figure (test-split solve rate per round for each mode, promotions marked).
+scored, the third curve's promoted policies searching on those tasks (once their search modes'
+test run has finished), and the figure (test-split solve rate per round for each mode,
+promotions marked).
 
     .venv/bin/python bench/curve_figure.py                                   # the tables
     .venv/bin/python bench/curve_figure.py --png docs/results/learning-curves.png
@@ -226,6 +228,62 @@ def load_test_measurement(folder: Path, curve: list[dict[str, Any]]) -> list[dic
     return rows
 
 
+SEARCH_MODES = "search-modes"
+SEARCH_TEST_TITLE = (
+    "Third curve's policies searching: the same 137 test tasks, run once after the chain"
+)
+
+
+def search_labels(record: dict[str, Any]) -> dict[str, str]:
+    """The search modes' test run's searches, named with the sizes its record says it ran."""
+    search = record["search"]
+    return {
+        "bon": f"best-of-{search['bon_samples']}",
+        "mt_bon": f"multi-turn best-of-{search['mt_bon_samples']}, {search['mt_bon_turns']} turns",
+        "mcts": f"MCTS, {search['rollouts']} rollouts",
+    }
+
+
+def load_search_test_run(folder: Path, measurement: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The search modes' test run (bench/search_modes.py --test-run: `folder`/<policy>-test.json
+    and the results file it names) of each policy the third curve went on from (the base model
+    and each promoted round), in `measurement`'s order (load_test_measurement's rows, whose
+    single pass it stands beside), each search paired against the same search of the policy
+    the round was meant to replace. A policy whose run has not written its record (the record
+    comes when all three searches have finished) is left out."""
+    searched: dict[str, EvalResults] = {}
+    rows = []
+    for row in measurement:
+        path = folder / f"{row['name']}-test.json"
+        if row["promoted"] is False or not path.is_file():
+            continue
+        record = json.loads(path.read_text())
+        results = EvalResults.load(path.with_name(record["results"]))
+        if set(results.task_ids) != set(row["results"].task_ids):
+            raise ValueError(
+                f"{path.name} searched other tasks than {row['file']}: the search modes and "
+                "the single pass are paired only on the same test tasks"
+            )
+        searched[row["name"]] = results
+        against = searched.get(row["incumbent"])
+        labels = search_labels(record)
+        search_vs = {
+            mode: compare_modes(mode, results.modes[mode], against.modes[mode])
+            for mode in labels
+            if against is not None and mode in against.modes
+        }
+        rows.append(
+            {
+                **row,
+                "search_file": path.name,
+                "searched": results,
+                "search_vs": search_vs,
+                "search_labels": labels,
+            }
+        )
+    return rows
+
+
 def curve_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows as codeq.report.plots.draw_learning_curve takes them."""
     points = []
@@ -320,6 +378,51 @@ def curve_table(rows: list[dict[str, Any]]) -> str:
             )
         lines.append(f"| {row['label']}{decision} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def search_test_table(rows: list[dict[str, Any]]) -> str:
+    """Each searched policy's single pass (full_rewrite, from its test measurement) and its
+    searches on the same tasks: solved of n with its interval, the programs a search wrote a
+    task, each paired against the same mode of the policy the round was meant to replace."""
+    labels = rows[0]["search_labels"]
+    lines = [
+        "| policy | single pass, full_rewrite | " + " | ".join(labels.values()) + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
+    names = {row["name"]: "base" if row["round"] is None else row["label"] for row in rows}
+    for row in rows:
+        against = names.get(row["incumbent"])
+        single = row["results"].modes["full_rewrite"]
+        cells = [
+            rate_text(mode_rate(single)) + paired_text(row["test_vs"].get("full_rewrite"), against)
+        ]
+        for mode in labels:
+            result = row["searched"].modes[mode]
+            cells.append(
+                f"{rate_text(mode_rate(result))}, {result.programs:.1f} programs a task"
+                + paired_text(row["search_vs"].get(mode), against)
+            )
+        decision = "" if row["promoted"] is None else ": **promoted**"
+        lines.append(f"| {row['label']}{decision} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def measurement_points(
+    measurement: list[dict[str, Any]], searched: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The figure's panel of the 137 test tasks: every measured policy's single pass
+    (full_rewrite; zero_shot sends the same request under the plain prompt, so it would draw
+    the same points again) and, for the policies searched there, each search."""
+    by_name = {row["name"]: row for row in searched}
+    points = []
+    for point, row in zip(curve_points(measurement), measurement, strict=True):
+        modes = {"full_rewrite": point["modes"]["full_rewrite"]}
+        found = by_name.get(row["name"])
+        if found is not None:
+            for mode, label in found["search_labels"].items():
+                modes[label] = mode_rate(found["searched"].modes[mode])
+        points.append({**point, "modes": modes})
+    return points
 
 
 def search_rows(results_dir: Path) -> list[tuple[str, ModeComparison, float]]:
@@ -417,6 +520,11 @@ def main(argv: list[str] | None = None) -> None:
     if measurement:
         print(f"## {MEASUREMENT_TITLE} (docs/results/{DEFAULTS_CURVE}/*-test.json)\n")
         print(curve_table(measurement) + "\n")
+        searched = load_search_test_run(args.results / SEARCH_MODES, measurement)
+        if searched:
+            print(f"## {SEARCH_TEST_TITLE} (docs/results/{SEARCH_MODES}/*-test.json)\n")
+            print(search_test_table(searched) + "\n")
+        panels.append((MEASUREMENT_TITLE, measurement_points(measurement, searched)))
     print("## MCTS against best-of-N at equal programs (test, 60 tasks)\n")
     print(search_table(search_rows(args.results)) + "\n")
     print("## The first curve's single pass on the other 137 test tasks\n")

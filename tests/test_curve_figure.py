@@ -6,7 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 from test_bench import load_bench
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,3 +208,76 @@ def test_a_round_decided_on_pass_counts_is_quoted_with_its_sign_flip_test() -> N
     assert curve_figure.paired_text(worse, "round 3").endswith("sign-flip p worse = 0.97")
     greedy = sampled.model_copy(update={"test": "mcnemar", "pass_counts": None})
     assert curve_figure.paired_text(greedy, "round 3") == "; +5 / -2 vs round 3, p = 0.031"
+
+
+def searched_like_single_pass(folder: Path, name: str, single: Any, task_ids: list[str]) -> None:
+    """A search modes' test record for `name` whose three searches answer as its single pass
+    did: real per-task outcomes, so that every pairing can be checked against the single
+    pass's own."""
+    from codeq.schemas import write_json
+
+    full_rewrite = single.modes["full_rewrite"]
+    results = single.model_copy(
+        update={
+            "task_ids": task_ids,
+            "primary_mode": "mcts",
+            "modes": dict.fromkeys(("bon", "mt_bon", "mcts"), full_rewrite),
+        }
+    )
+    write_json(folder / f"{name}-test-results.json", results.model_dump(mode="json"))
+    search = {"bon_samples": 16, "mt_bon_samples": 4, "mt_bon_turns": 4, "rollouts": 8}
+    write_json(
+        folder / f"{name}-test.json", {"results": f"{name}-test-results.json", "search": search}
+    )
+
+
+def test_the_search_modes_test_run_pairs_each_promoted_policy_with_its_predecessor(
+    tmp_path,
+) -> None:
+    """Only the policies the chain went on from are read, each search paired with the same
+    search of the policy its round was meant to replace; a run not finished is left out, and
+    one on other tasks than the single pass is refused."""
+    folder = RESULTS / "learning-curve-defaults"
+    measurement = curve_figure.load_test_measurement(
+        folder, curve_figure.load_defaults_curve(folder)
+    )
+    by_name = {row["name"]: row for row in measurement}
+    for name in ("base", "round-3", "round-4"):  # round 4: kept out, never searched on test
+        single = by_name[name]["results"]
+        searched_like_single_pass(tmp_path, name, single, single.task_ids)
+    rows = curve_figure.load_search_test_run(tmp_path, measurement)
+    assert [row["name"] for row in rows] == ["base", "round-3"]  # round 15's run: not there
+    base, round_3 = rows
+    assert base["search_vs"] == {}
+    single_pass = round_3["test_vs"]["full_rewrite"]  # +21 / -7 on 137 tasks
+    for mode in ("bon", "mt_bon", "mcts"):
+        paired = round_3["search_vs"][mode]
+        assert (paired.tasks, paired.gained, paired.lost) == (
+            137,
+            single_pass.gained,
+            single_pass.lost,
+        )
+    table = curve_figure.search_test_table(rows)
+    assert (
+        "| policy | single pass, full_rewrite | best-of-16 | multi-turn best-of-4, 4 turns | MCTS, 8 rollouts |"
+        in table
+    )
+    assert (
+        "| round 3: **promoted** | 38 / 137 (28%, 21%–36%); +21 / -7 vs base, p = 0.006 |" in table
+    )
+    assert "38 / 137 (28%, 21%–36%), 1.0 programs a task; +21 / -7 vs base, p = 0.006" in table
+    points = curve_figure.measurement_points(measurement, rows)
+    assert len(points) == len(measurement)
+    assert set(points[0]["modes"]) == {
+        "full_rewrite",
+        "best-of-16",
+        "multi-turn best-of-4, 4 turns",
+        "MCTS, 8 rollouts",
+    }
+    assert set(points[1]["modes"]) == {"full_rewrite"}  # round 0, kept out: single pass only
+    single = by_name["round-3"]["results"]
+    searched_like_single_pass(tmp_path, "round-3", single, single.task_ids[:-1])
+    with pytest.raises(
+        ValueError, match="round-3-test.json searched other tasks than round-3-test.json"
+    ):
+        curve_figure.load_search_test_run(tmp_path, measurement)
