@@ -57,6 +57,14 @@ PROBES_RULE = (
     "baseline's on the other trees"
 )
 RULED_SELECTORS = {"bon": ["answered+verifier", "answered+critique"]}  # what PROBES_RULE reads
+# Declared before the fourth run (2026-12-06, the README's fourth section), from the collect
+# trees of train tasks only (codeq/search/nearest.py says what they showed).
+NEAREST_RULE = (
+    "agreement's equal groups are ordered by the smallest change to the buggy program before "
+    "the scorer if, on best-of-16's validation trees, answered then nearest then verifier "
+    "solves more tasks than answered then verifier (gained > lost) and answered then nearest "
+    "then critique loses no task against answered then critique on the other trees"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,6 +166,7 @@ def measure_forest(
     """Every selector's answers on one forest, each scored on all its task's tests, with the
     tasks some tied program solves (solvable) and each selector's losses among them."""
     from codeq.search.agreement import AgreementTieBreak
+    from codeq.search.nearest import NearestTieBreak
     from codeq.tasks import score_programs
     from codeq.verifier import VerifierTieBreak
 
@@ -178,6 +187,9 @@ def measure_forest(
     selectors["answered+critique"] = AgreementTieBreak(
         sandbox, args.probes, args.seed, critique_tie_break, answered_first=True
     )
+    selectors["answered+nearest+critique"] = AgreementTieBreak(
+        sandbox, args.probes, args.seed, NearestTieBreak(critique_tie_break), answered_first=True
+    )
     scored = verifier is not None and all(  # a single tied program is never scored
         verifier.covers(tasks[t], programs) for t, programs in tied.items() if len(programs) > 1
     )
@@ -189,6 +201,13 @@ def measure_forest(
         )
         selectors["answered+verifier"] = AgreementTieBreak(
             sandbox, args.probes, args.seed, selectors["verifier"], answered_first=True
+        )
+        selectors["answered+nearest+verifier"] = AgreementTieBreak(
+            sandbox,
+            args.probes,
+            args.seed,
+            NearestTieBreak(selectors["verifier"]),
+            answered_first=True,
         )
     solved: dict[str, dict[str, bool]] = {}
     for name, tie_break in selectors.items():
@@ -212,6 +231,7 @@ def measure_forest(
         "comparisons": [
             compare(solved, "critique", "agreement+critique"),
             compare(solved, "agreement+critique", "answered+critique"),
+            compare(solved, "answered+critique", "answered+nearest+critique"),
         ],
         "per_task": {
             name: sorted(t for t, ok in values.items() if ok) for name, values in solved.items()
@@ -223,6 +243,9 @@ def measure_forest(
         result["comparisons"].append(compare(solved, "verifier", "agreement+verifier"))
         result["comparisons"].append(compare(solved, "agreement+verifier", "answered+verifier"))
         result["comparisons"].append(compare(solved, "critique", "verifier"))
+        result["comparisons"].append(
+            compare(solved, "answered+verifier", "answered+nearest+verifier")
+        )
     return result
 
 
@@ -293,6 +316,22 @@ def answered_decision(results: dict[str, Any]) -> dict[str, Any] | None:
         if mode != "bon"
     }
     return gain_without_loss(ANSWERED_RULE, against, elsewhere)
+
+
+def nearest_decision(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The fourth declared rule (NEAREST_RULE); None without best-of-16's verifier."""
+    bon = results.get("bon")
+    if bon is None or not bon["verifier_scores"]:
+        return None
+    (against,) = [c for c in bon["comparisons"] if c["other"] == "answered+nearest+verifier"]
+    elsewhere = {
+        mode: next(
+            c["lost"] for c in forest["comparisons"] if c["other"] == "answered+nearest+critique"
+        )
+        for mode, forest in results.items()
+        if mode != "bon"
+    }
+    return gain_without_loss(NEAREST_RULE, against, elsewhere)
 
 
 def gain_without_loss(
@@ -380,10 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         "decision": None,
         "answered_decision": None,
         "probes_decision": None,
+        "nearest_decision": None,
     }
     if args.baseline is None:
         record["decision"] = decision(results)
         record["answered_decision"] = answered_decision(results)
+        record["nearest_decision"] = nearest_decision(results)
     else:  # the comparisons PROBES_RULE reads replace the run's own (the ledger counts these)
         paired = against_baseline(results, json.loads(args.baseline.read_text()), args.probes)
         for mode, comparisons in paired.items():
@@ -397,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     if record["answered_decision"] is not None:
         adopt = record["answered_decision"]["adopt"]
         print(f"answered probes first (second declared rule): adopt = {adopt}", flush=True)
+    if record["nearest_decision"] is not None:
+        adopt = record["nearest_decision"]["adopt"]
+        print(f"the nearest rewrite first (fourth declared rule): adopt = {adopt}", flush=True)
     if record["probes_decision"] is not None:
         adopt = record["probes_decision"]["adopt"]
         print(f"{args.probes} probes (third declared rule): adopt = {adopt}", flush=True)

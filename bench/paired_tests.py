@@ -1469,9 +1469,10 @@ def answer_selection_entries() -> list[Entry]:
     new ones) is counted once, and the verifier against the critique is the verifier
     decision's comparison, counted there. The comparisons each run's declared rule reads
     decided `evaluate.agreement_probes` (best-of-16, agreement then the verifier against the
-    verifier), how agreement ranks (answered probes first against group size alone) and how
+    verifier), how agreement ranks (answered probes first against group size alone), how
     many probes it runs (answered then the verifier at one count against another, a third run
-    paired against its --baseline)."""
+    paired against its --baseline) and what orders its equal groups (the smallest change to
+    the buggy program, then the verifier, against the verifier alone)."""
 
     runs = [
         (read(path.relative_to(RESULTS).as_posix()), path)
@@ -1524,6 +1525,13 @@ def decided_outcome(run: dict[str, Any], forest: str, comparison: dict[str, Any]
         adopted = run["answered_decision"]["adopt"]
         return (
             "agreement ranks answered probes first" if adopted else "agreement ranks by group size"
+        )
+    if pair == ("answered+verifier", "answered+nearest+verifier") and run.get("nearest_decision"):
+        adopted = run["nearest_decision"]["adopt"]
+        return (
+            "agreement's equal groups ordered by the smallest change first"
+            if adopted
+            else "agreement's equal groups ordered by the scorer"
         )
     probes = run.get("probes_decision")
     if probes and pair[0].startswith("answered+verifier@"):

@@ -77,9 +77,11 @@ def test_answer_selection_scores_every_selector_and_applies_the_declared_rules(t
         "critique": 0,
         "agreement+critique": 0,  # the raising programs outvote the sums
         "answered+critique": 1,
+        "answered+nearest+critique": 1,  # the sums' group, then a + b: nearest a - b
         "verifier": 1,
         "agreement+verifier": 0,
         "answered+verifier": 1,
+        "answered+nearest+verifier": 1,
     }
     assert bon["selectors"]["agreement+verifier"]["lost_tasks"] == ["add0"]
     comparisons = {(c["baseline"], c["other"]): c for c in bon["comparisons"]}
@@ -89,6 +91,9 @@ def test_answer_selection_scores_every_selector_and_applies_the_declared_rules(t
     # probes first where it gains over agreement and loses nothing on the other forests
     assert record["decision"]["adopt"] is False
     assert record["answered_decision"]["adopt"] is True
+    # the nearest rewrite first: no task gained over answered then verifier, so not adopted
+    nearest = record["nearest_decision"]
+    assert (nearest["adopt"], nearest["gained"], nearest["lost"]) == (False, 0, 0)
 
 
 def test_more_probes_are_paired_per_task_against_a_baseline_run_and_decide_by_the_third_rule(
