@@ -67,3 +67,44 @@ def test_agreement_decides_and_nearness_orders_inside_its_group(sandbox) -> None
     scorer_only = AgreementTieBreak(sandbox, 6, 0, prefers("b + a"))
     assert final_answer(nodes, root, task, scorer_only).program == program("b + a")
     assert tie_break.__qualname__ != scorer_only.__qualname__  # resume keys tell them apart
+
+
+def test_the_collect_tree_count_reads_ties_on_the_visible_tests_only(tmp_path, sandbox) -> None:  # noqa: F811
+    """bench/nearest_on_collect.py on a one-round store: the constant and a + b both pass the
+    visible test; only a + b (the nearer) passes the hidden one. A tree whose ties all pass is
+    not counted."""
+    from test_bench import load_bench
+
+    from codeq.schemas import Trajectory, write_jsonl
+    from codeq.tasks import score_programs
+
+    bench = load_bench("nearest_on_collect")
+    task = add_task()
+    folder = tmp_path / "store" / "runs" / "curve" / "round-0"
+    write_jsonl(folder / "tasks" / "train.jsonl", [task])
+
+    def tree(expressions: list[str], critique: list[float]) -> Trajectory:
+        programs = [program(e) for e in expressions]
+        verdicts = score_programs([(task, p) for p in programs], "all", sandbox)
+        nodes = [Node(id=0, parent=None, depth=0, program=task.buggy_code)] + [
+            Node(id=i + 1, parent=0, depth=1, program=p, verdict=v, q_ai=q)
+            for i, (p, v, q) in enumerate(zip(programs, verdicts, critique, strict=True))
+        ]
+        fields = task.model_dump(include={"task_id", "slug", "level", "category", "subtype"})
+        return Trajectory(
+            **fields, mode="mcts", reward_tests="all", nodes=nodes, solved=True, final_node=1
+        )
+
+    trees = [tree(["3", "a + b"], [0.9, 0.1]), tree(["a + b", "b + a"], [0.5, 0.5])]
+    write_jsonl(folder / "trajectories" / "shard-0" / "trajectories.jsonl", trees)
+    counted = bench.measure(tmp_path / "store", "curve", [0])
+    assert counted["trees"] == 2
+    assert counted["passes_all_tests"] == {
+        "mixed ties": 1,
+        "random": 0.5,
+        "critique": 0.0,
+        "farthest": 0.0,
+        "nearest by characters": 1.0,
+        "nearest by lines": 0.5,  # each changes the one return line: equally near
+        "nearest by tokens": 1.0,
+    }

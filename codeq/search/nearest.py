@@ -6,8 +6,10 @@ Why: a DebugBench bug is a small edit of a correct program, and program repair h
 that of two patches passing the same tests the smaller one more often is the correct one (a
 larger rewrite has more room to fit the visible tests and break what they do not test). On the
 third curve's collect trees (train tasks only, every test run) the nearest of the visible-tests
-ties passes all tests in 32 of 53 mixed ties, against 24.5 for a random choice and 10 for the
-self-critique's (docs/results/answer-selection/README.md, fourth run)."""
+ties passes all tests in 32 of 53 mixed ties, against 24.5 for a random choice and 22.7 for the
+self-critique's (bench/nearest_on_collect.py). On validation it did not beat the verifier as
+the order of agreement's equal groups (+1 / -1 on best-of-16's trees), so it is measured, not
+a default (docs/results/answer-selection/README.md, fourth run)."""
 
 from __future__ import annotations
 
