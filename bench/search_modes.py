@@ -21,7 +21,8 @@ returned answer fails).
 
 The evaluation resumes (tree by tree, each mode saved when it finishes): run the same command
 again after an interruption. On another machine: `--keep DIR` restores the searched trees a
-`--persist` run compressed into DIR (committed to git) before it goes on:
+`--persist` run compressed into DIR (committed to git) before it goes on; a --test-run also
+keeps the verifier's scores there as it computes them, so a resumed run scores nothing twice:
 
     python bench/search_modes.py ... --keep docs/results/search-modes/base-trees --persist
 
@@ -175,7 +176,8 @@ def persist_trees(out: Path, keep: Path) -> None:
 
     keep.mkdir(parents=True, exist_ok=True)
     for old in keep.glob("*.xz"):
-        old.unlink()
+        if is_resume_file(old.name.removesuffix(".xz")):  # the verifier's kept scores stay
+            old.unlink()
     for path in sorted(out.iterdir()):
         if is_resume_file(path.name):
             (keep / f"{path.name}.xz").write_bytes(lzma.compress(path.read_bytes(), preset=9))
@@ -188,12 +190,26 @@ def restore_trees(keep: Path, out: Path) -> None:
     (a folder that does is further along: it is left as it is)."""
     import lzma
 
+    from codeq.evaluate.run import is_resume_file
+
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(keep.glob("*.xz")):
         target = out / path.name.removesuffix(".xz")
-        if not target.exists():
+        if is_resume_file(target.name) and not target.exists():  # kept scores: read in place
             target.write_bytes(lzma.decompress(path.read_bytes()))
             print(f"restored {target.name} from {keep}", file=sys.stderr)
+
+
+def kept_scores(verifier: Any, folder: Path) -> Any:
+    """The verifier's scores kept in `folder` (--keep where given, so git holds them beside
+    the trees; else --out) as they are computed, 64 at a time, and read back first: a resumed
+    run does not score again the tied programs of the searches an earlier process finished
+    (about half an hour of this CPU a search). The file is named by the verifier's id, so no
+    other verifier's scores are ever read."""
+    from verifier_auc import KeptScores
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return KeptScores(verifier, folder / f"verifier-{verifier.id}-scores.jsonl.xz")
 
 
 class LiveScores:
@@ -423,15 +439,16 @@ def main() -> None:
         except CodeQError as exc:  # one error: line and a hint, as the CLI prints them
             sys.exit(report_error(exc, traceback=False))
         engine = load_policy(merged.policy, seed=config.tasks.seed)
-    tasks_path, verifier, tie_break = args.tasks, None, None
+    tasks_path, verifier, scores, tie_break = args.tasks, None, None, None
     if args.test_run:
         from codeq.train.lineage import base_lineage
-        from codeq.verifier import Verifier
+        from codeq.verifier import Verifier, VerifierTieBreak
 
         tasks_path = test_tasks(args)
         scratch = args.out / "kept-verifier"
         verifier = Verifier.load_kept(args.verifier, config, base_lineage(config.policy), scratch)
-        tie_break = verifier.tie_break()
+        scores = kept_scores(verifier, args.keep or args.out)
+        tie_break = VerifierTieBreak(scores)  # named by the verifier's id, as verifier.tie_break()
     split = "test" if args.test_run else "validation"
     results = evaluate(
         tasks_path,
@@ -443,7 +460,7 @@ def main() -> None:
         policy=lineage,
         tie_break=tie_break,
     )
-    selectors = answered_again(results, args.out, tasks_path, verifier, config) if verifier else {}
+    selectors = answered_again(results, args.out, tasks_path, scores, config) if verifier else {}
     table = rows(results, args)
     tasks = len(results.task_ids)
     print("| figure | tasks | first | second | gained / lost (p) | programs a task |")

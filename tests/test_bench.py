@@ -555,3 +555,58 @@ def test_retest_compares_a_row_task_by_task_with_the_committed_one():
     same = retest.differences(round_3, round_3, "full_rewrite")
     assert same["differ"] == [] and same["completion_tokens"] == (36338, 36338)
     assert retest.describe("retest-round-3-1", same).endswith("identical")
+
+
+class CountingVerifier:
+    """A stand-in verifier (the wrapper under test only caches and keeps what it is given):
+    scores each program by its length and counts what it was asked to score."""
+
+    def __init__(self, verifier_id: str) -> None:
+        self.id, self.scored = verifier_id, 0
+
+    def score(self, items: list[tuple[object, str]]) -> list[float]:
+        self.scored += len(items)
+        return [len(program) / 100 for _, program in items]
+
+
+def test_search_modes_keeps_the_verifier_s_scores_so_a_resumed_run_scores_nothing_again(
+    tmp_path,
+) -> None:
+    """The test run's verifier scores go to --keep as they are computed, named by the
+    verifier's id; a later process reads them instead of scoring again, another verifier never
+    reads them, and persisting or restoring the trees leaves them where they are."""
+    from test_agreement import add_task
+
+    from codeq.evaluate.run import is_resume_file
+
+    bench = load_bench("search_modes")
+    keep, out = tmp_path / "kept", tmp_path / "eval"
+    task = add_task()
+    items = [(task, "return a + b"), (task, "return b + a"), (task, "return 3")]
+
+    first = CountingVerifier("v1")
+    scores = bench.kept_scores(first, keep).score(items)
+    assert first.scored == 3 and scores == [0.12, 0.12, 0.08]
+    again = CountingVerifier("v1")  # a resumed process: the same verifier, nothing scored
+    assert bench.kept_scores(again, keep).score(items) == scores and again.scored == 0
+    other = CountingVerifier("v2")  # another verifier's scores are its own
+    assert bench.kept_scores(other, keep).score(items[:1]) == [0.12] and other.scored == 1
+
+    out.mkdir()
+    (out / "trajectories-bon.partial.jsonl").write_text("{}\n")
+    (out / "trajectories-bon.partial.json").write_text('{"key": "k", "seconds": 1}\n')
+    bench.persist_trees(out, keep)
+    kept = sorted(path.name for path in keep.iterdir())
+    assert kept == [
+        "trajectories-bon.partial.json.xz",
+        "trajectories-bon.partial.jsonl.xz",
+        "verifier-v1-scores.jsonl.xz",
+        "verifier-v2-scores.jsonl.xz",
+    ]
+    fresh = tmp_path / "fresh"
+    bench.restore_trees(keep, fresh)
+    assert sorted(path.name for path in fresh.iterdir()) == [
+        "trajectories-bon.partial.json",
+        "trajectories-bon.partial.jsonl",
+    ]
+    assert all(is_resume_file(path.name) for path in fresh.iterdir())
