@@ -306,32 +306,33 @@ def decision(results: dict[str, Any]) -> dict[str, Any] | None:
 
 def answered_decision(results: dict[str, Any]) -> dict[str, Any] | None:
     """The second declared rule (ANSWERED_RULE); None without best-of-16's verifier."""
-    bon = results.get("bon")
-    if bon is None or not bon["verifier_scores"]:
-        return None
-    (against,) = [c for c in bon["comparisons"] if c["baseline"] == "agreement+verifier"]
-    elsewhere = {
-        mode: next(c["lost"] for c in forest["comparisons"] if c["other"] == "answered+critique")
-        for mode, forest in results.items()
-        if mode != "bon"
-    }
-    return gain_without_loss(ANSWERED_RULE, against, elsewhere)
+    return change_decision(results, ANSWERED_RULE, "answered+verifier", "answered+critique")
 
 
 def nearest_decision(results: dict[str, Any]) -> dict[str, Any] | None:
     """The fourth declared rule (NEAREST_RULE); None without best-of-16's verifier."""
+    return change_decision(
+        results, NEAREST_RULE, "answered+nearest+verifier", "answered+nearest+critique"
+    )
+
+
+def change_decision(
+    results: dict[str, Any], rule: str, with_verifier: str, with_critique: str
+) -> dict[str, Any] | None:
+    """A rule on a change to the selectors: `with_verifier` (the change, then the verifier)
+    against the selector it changes on best-of-16's forest, and `with_critique` against its own
+    on every other forest (each forest's comparison whose `other` it is: one per forest), read
+    by gain_without_loss; None without best-of-16's verifier."""
     bon = results.get("bon")
     if bon is None or not bon["verifier_scores"]:
         return None
-    (against,) = [c for c in bon["comparisons"] if c["other"] == "answered+nearest+verifier"]
+    (against,) = [c for c in bon["comparisons"] if c["other"] == with_verifier]
     elsewhere = {
-        mode: next(
-            c["lost"] for c in forest["comparisons"] if c["other"] == "answered+nearest+critique"
-        )
+        mode: next(c["lost"] for c in forest["comparisons"] if c["other"] == with_critique)
         for mode, forest in results.items()
         if mode != "bon"
     }
-    return gain_without_loss(NEAREST_RULE, against, elsewhere)
+    return gain_without_loss(rule, against, elsewhere)
 
 
 def gain_without_loss(
