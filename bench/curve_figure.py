@@ -275,7 +275,6 @@ def load_search_test_run(folder: Path, measurement: list[dict[str, Any]]) -> lis
         rows.append(
             {
                 **row,
-                "search_file": path.name,
                 "searched": results,
                 "search_vs": search_vs,
                 "search_labels": labels,
@@ -351,12 +350,17 @@ def paired_text(paired: ModeComparison | None, against: str | None) -> str:
     return f"; +{gained} / -{lost} vs {against}, {p}"
 
 
+def short_names(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Each row's policy as a table names it when pairing against it: 'base', 'round 3'."""
+    return {row["name"]: "base" if row["round"] is None else row["label"] for row in rows}
+
+
 def curve_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| policy | validation, full_rewrite (decides) | test, full_rewrite | test, zero_shot |",
         "|---|---|---|---|",
     ]
-    labels = {row["name"]: "base" if row["round"] is None else row["label"] for row in rows}
+    labels = short_names(rows)
     for row in rows:
         decision = (
             ""
@@ -389,7 +393,7 @@ def search_test_table(rows: list[dict[str, Any]]) -> str:
         "| policy | single pass, full_rewrite | " + " | ".join(labels.values()) + " |",
         "|---|---|" + "---|" * len(labels),
     ]
-    names = {row["name"]: "base" if row["round"] is None else row["label"] for row in rows}
+    names = short_names(rows)
     for row in rows:
         against = names.get(row["incumbent"])
         single = row["results"].modes["full_rewrite"]
