@@ -204,8 +204,8 @@ def kept_scores(verifier: Any, folder: Path) -> Any:
     """The verifier's scores kept in `folder` (--keep where given, so git holds them beside
     the trees; else --out) as they are computed, 64 at a time, and read back first: a resumed
     run does not score again the tied programs of the searches an earlier process finished
-    (75 min of this CPU for best-of-16's test trees). The file is named by the verifier's id, so no
-    other verifier's scores are ever read."""
+    (75 min of this CPU for best-of-16's test trees). The file is named by the verifier's id,
+    so no other verifier's scores are ever read."""
     from verifier_auc import KeptScores
 
     folder.mkdir(parents=True, exist_ok=True)
