@@ -495,6 +495,37 @@ def test_the_learning_curve_marks_kept_out_candidates_hollow() -> None:
     plt.close(fig)
 
 
+def test_a_mode_keeps_its_colour_in_every_panel_of_a_figure() -> None:
+    """The results page's figure: a mode that a later panel draws beside other modes (the
+    search modes in the fourth) has the colour it has in the first panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from codeq.report.plots import draw_learning_curve, mode_colors
+
+    rate = {"n": 60, "solved": 6, "solve_rate": 0.1, "ci_low": 0.05, "ci_high": 0.2}
+    first = [
+        {"label": "base", "promoted": None, "validation": None, "modes": {"a": rate, "b": rate}}
+    ]
+    second = [
+        {"label": "base", "promoted": None, "validation": None, "modes": {"c": rate, "b": rate}}
+    ]
+    colors = mode_colors(first + second)
+    assert colors == {"a": "C0", "b": "C1", "c": "C2"}
+    fig, ax = plt.subplots()
+    draw_learning_curve(ax, second, "t", colors)
+    drawn = {
+        text.get_text(): handle.get_color()
+        for handle, text in zip(
+            ax.get_legend().legend_handles, ax.get_legend().get_texts(), strict=True
+        )
+    }
+    assert drawn["b"] == "C1" and drawn["c"] == "C2"  # alone, this panel would give b C1, c C0
+    plt.close(fig)
+
+
 def test_the_report_stage_draws_every_round_of_the_run(tmp_path) -> None:
     """Round 1's report: the run's start, round 0's promoted candidate and round 1's kept-out
     one, read from the store's earlier round and this one."""

@@ -153,12 +153,22 @@ def learning_curve_figure(panels: list[tuple[str, list[dict[str, Any]]]]) -> byt
     fig, axes = plt.subplots(
         len(panels), 1, figsize=(width, 4.6 * len(panels)), sharey=True, squeeze=False
     )
+    # one colour a mode across panels, so that best-of-16 reads the same in every row
+    colors = mode_colors([point for _, points in panels for point in points])
     for ax, (title, points) in zip(axes[:, 0], panels, strict=True):
-        draw_learning_curve(ax, points, title)
+        draw_learning_curve(ax, points, title, colors)
     return _figure_bytes(fig)
 
 
-def draw_learning_curve(ax: Any, points: list[dict[str, Any]], title: str) -> None:
+def mode_colors(points: list[dict[str, Any]]) -> dict[str, str]:
+    """Each mode of the points its matplotlib cycle colour, in order of first appearance."""
+    modes = dict.fromkeys(mode for point in points for mode in point["modes"])
+    return {mode: f"C{index}" for index, mode in enumerate(modes)}
+
+
+def draw_learning_curve(
+    ax: Any, points: list[dict[str, Any]], title: str, colors: dict[str, str] | None = None
+) -> None:
     """Test-split solve rate per mode of the policy a run started from and of each round's
     candidate, with 95% Wilson intervals. points, in round order: {"label", "promoted" (None
     for the starting policy, else whether validation promoted the candidate), "validation"
@@ -166,12 +176,14 @@ def draw_learning_curve(ax: Any, points: list[dict[str, Any]], title: str) -> No
     sign-flip test on pass counts decided: codeq.promotion.gate_figures), "modes": {mode: rate
     stats}}.
     Filled markers joined by a line are the policies the run went on from (its start and each
-    promoted candidate); a hollow marker is a candidate validation kept out."""
+    promoted candidate); a hollow marker is a candidate validation kept out. colors: a colour
+    per mode (mode_colors), shared by the panels of one figure; by default this panel's own."""
     from matplotlib.lines import Line2D
 
+    colors = colors or mode_colors(points)
     modes = list(dict.fromkeys(mode for point in points for mode in point["modes"]))
-    colors = [f"C{index}" for index in range(len(modes))]
-    for offset, (mode, color) in enumerate(zip(modes, colors, strict=True)):
+    for offset, mode in enumerate(modes):
+        color = colors[mode]
         shift = (offset - (len(modes) - 1) / 2) * 0.09
         chain_x, chain_y = [], []
         for position, point in enumerate(points):
@@ -203,9 +215,7 @@ def draw_learning_curve(ax: Any, points: list[dict[str, Any]], title: str) -> No
     ax.set_ylabel(f"test-split {SOLVE_RATE_LABEL}")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    handles = [
-        Line2D([], [], color=c, marker="o", label=m) for m, c in zip(modes, colors, strict=True)
-    ]
+    handles = [Line2D([], [], color=colors[mode], marker="o", label=mode) for mode in modes]
     handles.append(
         Line2D(
             [],
