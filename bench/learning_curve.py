@@ -1215,13 +1215,18 @@ def write_eval_config(args: argparse.Namespace) -> None:
     print(f"wrote {args.write_eval_config}")
 
 
-def main() -> None:
-    args = parse_args()
+def sized(args: argparse.Namespace) -> argparse.Namespace:
+    """The options as the curve runs them: --tiny is SmolLM2 on builtin tasks, a few of each."""
     if args.tiny:
         args.model = "smollm2"
         args.source = "builtin"
         args.test_tasks, args.validation_tasks, args.train_tasks = 2, 2, 3
         args.rounds = min(args.rounds, 2)
+    return args
+
+
+def main() -> None:
+    args = sized(parse_args())
     from codeq.errors import CodeQError
     from codeq.logs import report_error
 

@@ -13,16 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_collection_modes import check_collection_arms
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_curve(
-    out: Path, results: Path | None = None, extra: tuple[str, ...] = (), rounds: int = 2
-) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        str(REPO / "bench" / "learning_curve.py"),
+def curve_options(out: Path, results: Path | None = None, rounds: int = 2) -> list[str]:
+    return [
         "--tiny",
         "--rounds",
         str(rounds),
@@ -32,6 +29,16 @@ def run_curve(
         str(out),
         "--results",
         str(results or out / "results"),
+    ]
+
+
+def run_curve(
+    out: Path, results: Path | None = None, extra: tuple[str, ...] = (), rounds: int = 2
+) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        str(REPO / "bench" / "learning_curve.py"),
+        *curve_options(out, results, rounds),
         *extra,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=3000, cwd=REPO)
@@ -116,6 +123,10 @@ def test_tiny_learning_curve_runs_and_resumes(tmp_path):
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert json.loads((results / "summary.json").read_text()) == summary
     assert "| mode | base" in rebuilt.stdout
+
+    # which search collects (bench/collection_modes.py), on this curve's round 0: one tiny
+    # curve for both benches
+    check_collection_arms(tmp_path, curve_options(tmp_path / "curve"), results)
 
     # another machine: a fresh store, the same result files; the recorded learning rate is kept
     # (the other trial's run never starts) and the base model's test evaluation is not redone.
