@@ -154,39 +154,24 @@ class Arms:
                 "bench/learning_curve.py with the same options and --restore-only first"
             )
 
-    def copy(self, mode: str, sources: dict[str, str]) -> None:
-        """Store stages of round 0 of other runs (name -> run) into the arm's run, as they are."""
-        from codeq.store import RoundLayout
-
-        target = RoundLayout(arm_run(mode), 0)
-        for name, run in sources.items():
-            source = RoundLayout(run, 0).stage(name)
-            if self.store.is_complete(target.stage(name)):
-                continue
-            folder = self.out / "work" / "copies" / arm_run(mode) / name
-            self.store.get_dir(source, folder)
-            self.store.put_dir(target.stage(name), folder)
-            self.store.mark_complete(target.stage(name), self.store.marker(source))
-
     def run(self, mode: str, samples: int) -> dict[str, Any]:
         """One arm's stages (resumed where they stopped); its record."""
         from codeq.pipeline.stages import STAGE_FUNCTIONS
 
         base = learning_curve.BASE_RUN
+        sources = {"tasks": base}
+        stages = NEW_ARM_STAGES
         if mode == "mcts":  # the curve's round 0 as it collected, paired and trained it
-            self.copy(
-                mode,
-                {"tasks": base, "trajectories/shard-0": base, "pairs": base},
+            sources.update(
+                {"trajectories/shard-0": base, "pairs": base, "adapter": self.chosen_run}
             )
-            self.copy(mode, {"adapter": self.chosen_run})
             stages = COPIED_ARM_STAGES
-        else:
-            self.copy(mode, {"tasks": base})
-            stages = NEW_ARM_STAGES
+        learning_curve.copy_round_0(
+            self.store, self.out / "work" / "copies", sources, arm_run(mode)
+        )
         ctx = self.ctx(mode, arm_config(self.config, mode, samples))
-        outputs = {"collect": "trajectories/shard-0", "train": "adapter", "evaluate": "eval"}
         for stage in stages:
-            key = ctx.layout.stage(outputs.get(stage, stage))
+            key = ctx.layout.stage(learning_curve.STAGE_OUTPUTS.get(stage, stage))
             if self.store.is_complete(key):
                 print(f"[arms] {mode}: {stage} done earlier", file=sys.stderr, flush=True)
                 continue

@@ -442,8 +442,7 @@ class Curve:
         from codeq.pipeline.stages import STAGE_FUNCTIONS
 
         ctx = self.ctx(round_number, run, config)
-        output = {"prepare": "tasks", "collect": "trajectories/shard-0", "train": "adapter"}
-        key = output.get(stage, {"evaluate": "eval"}.get(stage, stage))
+        key = STAGE_OUTPUTS.get(stage, stage)
         self.part(
             f"{ctx.layout.run} round {round_number} {stage}",
             WEIGHTS[stage],
@@ -743,16 +742,8 @@ class Curve:
 
     def copy_round_inputs(self, run: str) -> None:
         """Round 0's tasks, trajectories and pairs of the base run, copied into `run`."""
-        from codeq.store import RoundLayout
-
-        source, target = RoundLayout(BASE_RUN, 0), RoundLayout(run, 0)
-        for name in ("tasks", "trajectories/shard-0", "pairs"):
-            if self.store.is_complete(target.stage(name)):
-                continue
-            folder = self.args.out / "work" / "copies" / run / name
-            self.store.get_dir(source.stage(name), folder)
-            self.store.put_dir(target.stage(name), folder)
-            self.store.mark_complete(target.stage(name), self.store.marker(source.stage(name)))
+        sources = dict.fromkeys(("tasks", "trajectories/shard-0", "pairs"), BASE_RUN)
+        copy_round_0(self.store, self.args.out / "work" / "copies", sources, run)
 
     def trial_summary(self, run: str, rate: float) -> dict[str, Any]:
         from codeq.evaluate.results import EvalResults
@@ -794,6 +785,31 @@ WEIGHTS = {
 MODE_WEIGHTS = {"zero_shot": 0.5, "full_rewrite": 0.5, "bon": 4.5, "mcts": 4.5}
 ROUND_STAGES = ["prepare", "collect", "pairs", "train", "evaluate", "promote", "report"]
 TRIAL_STAGES = ("train", "evaluate", "promote", "report")  # what each learning-rate trial reruns
+
+
+# where a stage's output lives in its round (its completion marker's prefix)
+STAGE_OUTPUTS = {
+    "prepare": "tasks",
+    "collect": "trajectories/shard-0",
+    "train": "adapter",
+    "evaluate": "eval",
+}
+
+
+def copy_round_0(store: Any, work: Path, sources: dict[str, str], run: str) -> None:
+    """Round-0 store stages of other runs (stage output -> its run) into `run`'s round 0 as
+    they are, markers included; one already complete there is kept."""
+    from codeq.store import RoundLayout
+
+    target = RoundLayout(run, 0)
+    for name, source_run in sources.items():
+        source = RoundLayout(source_run, 0).stage(name)
+        if store.is_complete(target.stage(name)):
+            continue
+        folder = work / run / name
+        store.get_dir(source, folder)
+        store.put_dir(target.stage(name), folder)
+        store.mark_complete(target.stage(name), store.marker(source))
 
 
 def batches_of(modes: list[str]) -> list[list[str]]:
