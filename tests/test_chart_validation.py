@@ -19,9 +19,7 @@ import copy
 import functools
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from test_helm import (
     stage_jobs,
     workflow_template,
 )
+from tools import find_tool
 
 helm = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -291,20 +290,6 @@ def test_strict_argo_schema_rejects_a_misspelt_field():
 
 
 # ----------------------------------------------------------------------------- 6. checkov
-
-
-def find_tool(name: str) -> str:
-    local = REPO / ".tools" / name / "bin" / name
-    # the interpreter's own bin/ first: `.venv/bin/python -m pytest` finds .venv's tools
-    # without the PATH that `make test` sets
-    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    found = str(local) if local.exists() else shutil.which(name, path=search)
-    if found:
-        return found
-    message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def run_checkov(directory: Path, framework: str) -> dict[str, Any]:

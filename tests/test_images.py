@@ -9,11 +9,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from tools import find_tool
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILES = [REPO / "Dockerfile.infer", REPO / "Dockerfile.train"]
@@ -21,20 +21,6 @@ LOCKS = {
     "cuda": REPO / "images" / "requirements-cuda.lock",
     "cpu": REPO / "images" / "requirements-cpu.lock",
 }
-
-
-def find_tool(name: str) -> str:
-    local = REPO / ".tools" / name / "bin" / name
-    # the interpreter's own bin/ first: `.venv/bin/python -m pytest` finds .venv's tools
-    # without the PATH that `make test` sets
-    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    found = str(local) if local.exists() else shutil.which(name, path=search)
-    if found:
-        return found
-    message = f"{name} not found in .tools/{name}/bin or on PATH (run `make setup-tools`)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def locked(path: Path) -> dict[str, str]:
