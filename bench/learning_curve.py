@@ -230,6 +230,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "needs on a fresh machine, without starting the next round",
     )
     parser.add_argument(
+        "--restore-tasks",
+        choices=("every-round", "held-out"),
+        default="every-round",
+        help="with --restore-only: whose tasks prepare builds again: every committed round's "
+        "(bench/verifier_auc.py reads them), or held-out: round 0's alone (the validation and "
+        "test tasks every round keeps, all that bench/search_modes.py reads besides the "
+        "adapters), about a minute less a round",
+    )
+    parser.add_argument(
         "--write-eval-config",
         type=Path,
         metavar="FILE",
@@ -956,8 +965,9 @@ def persist_finished_rounds(args: argparse.Namespace) -> None:
 
 def restore_committed_rounds(args: argparse.Namespace) -> None:
     """The committed rounds into the store, each with its tasks prepared again (the data set is
-    never in git) and checked against the sha256 in git; the curve's own loop prepares only round
-    0 and the rounds it computes. No round goes further."""
+    never in git) and checked against the sha256 in git, or with `--restore-tasks held-out`
+    round 0's alone; the curve's own loop prepares only round 0 and the rounds it computes. No
+    round goes further."""
     from codeq.errors import MissingInputError
 
     numbers = curve_rounds.committed_rounds(args.results)
@@ -973,12 +983,12 @@ def restore_committed_rounds(args: argparse.Namespace) -> None:
     if recorded is not None:
         curve.run = str(recorded["chosen_run"])
         curve.copy_round_inputs(curve.run)
-    for number in numbers:
-        if number > 0:
-            curve.stage(number, "prepare")
+    prepared = [n for n in numbers if n > 0] if args.restore_tasks == "every-round" else []
+    for number in prepared:
+        curve.stage(number, "prepare")
     print(
-        f"[curve] rounds {', '.join(map(str, numbers))} restored with their tasks into "
-        f"{args.out / 'store'} (run {curve.run})",
+        f"[curve] rounds {', '.join(map(str, numbers))} restored into {args.out / 'store'} "
+        f"(run {curve.run}), with the tasks of rounds {', '.join(map(str, [0, *prepared]))}",
         flush=True,
     )
 

@@ -375,6 +375,23 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
             for line in started(restored)
         ), started(restored)
 
+    # --restore-tasks held-out: the same rounds, with round 0's tasks alone (what
+    # bench/search_modes.py reads besides the adapters)
+    held_out = run_curve(
+        tmp_path / "held-out",
+        results=results,
+        extra=(*options, "--restore-only", "--restore-tasks", "held-out"),
+    )
+    assert held_out.returncode == 0, held_out.stderr[-3000:]
+    computed = [
+        line.split("] ", 1)[1].split(":")[0] for line in started(held_out) if "starting" in line
+    ]
+    assert computed == ["curve round 0 prepare"], computed
+    runs = tmp_path / "held-out" / "store" / "runs"
+    assert (runs / "curve" / "round-0" / "tasks" / "test.jsonl").is_file()
+    assert not (runs / chosen / "round-1" / "tasks").exists()
+    assert (runs / chosen / "round-1" / "adapter" / "adapter_model.safetensors").is_file()
+
     # both rounds finished in git (--tiny caps a curve at 2 rounds): a fresh store builds round
     # 0's tasks (every round keeps its held-out ones) and not round 1's, which no stage reads now
     # (about a minute a round on the real curve); nothing of round 1 is computed again
