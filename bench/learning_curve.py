@@ -232,8 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--restore-tasks",
         choices=("every-round", "held-out"),
-        default="every-round",
-        help="with --restore-only: whose tasks prepare builds again: every committed round's "
+        help="with --restore-only (refused without it): whose tasks prepare builds again: every committed round's "
         "(bench/verifier_auc.py reads them), or held-out: round 0's alone (the validation and "
         "test tasks every round keeps, all that bench/search_modes.py reads besides the "
         "adapters), about a minute less a round",
@@ -245,7 +244,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write the curve's policy, search and evaluate settings as YAML for `codeq evaluate "
         "-c FILE` on another machine (the test evaluation on a GPU) and exit",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.restore_tasks and not args.restore_only:
+        parser.error("--restore-tasks chooses what --restore-only rebuilds; add --restore-only")
+    args.restore_tasks = args.restore_tasks or "every-round"
+    return args
 
 
 # The train keys a segment of the curve sets from a given round on (round_settings), each with

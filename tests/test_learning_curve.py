@@ -254,6 +254,15 @@ def test_search_candidates_outside_the_curves_rounds_are_refused_before_anything
     assert not (tmp_path / "curve").exists()
 
 
+def test_restore_tasks_without_restore_only_is_refused_not_ignored(tmp_path):
+    refused = run_curve(tmp_path / "curve", extra=("--restore-tasks", "held-out"))
+    assert refused.returncode == 2
+    assert "--restore-tasks chooses what --restore-only rebuilds; add --restore-only" in (
+        refused.stderr
+    )
+    assert not (tmp_path / "curve").exists()
+
+
 @pytest.mark.slow
 def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_path):
     """The third curve's way: each finished round's store objects go to <results>/rounds/, and
@@ -305,6 +314,10 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     def started(run: subprocess.CompletedProcess) -> list[str]:
         return [line for line in run.stderr.splitlines() if line.startswith("[curve]")]
 
+    def stages_computed(run: subprocess.CompletedProcess) -> list[str]:
+        """The stages a run started, e.g. "curve round 0 prepare", from its "[curve] ..." lines."""
+        return [line.split("] ", 1)[1].split(":")[0] for line in started(run) if "starting" in line]
+
     # a fresh store and the committed files: round 0 restored, round 1 goes on after its pairs
     fresh = run_curve(tmp_path / "fresh", results=results, extra=options, rounds=2)
     assert fresh.returncode == 0, fresh.stderr[-3000:]
@@ -318,7 +331,7 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
         or ("round 1's train tasks built here" in line and "its trees stand as committed" in line)
         for line in lines
     ), lines
-    computed = [line.split("] ", 1)[1].split(":")[0] for line in lines if "starting" in line]
+    computed = stages_computed(fresh)
     again = [stage for stage in computed if not stage.endswith("prepare")]  # tasks: not in git
     assert not [stage for stage in again if "round 0" in stage or "collect" in stage], lines
     assert any("round 1 train" in stage for stage in computed), lines
@@ -383,9 +396,7 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
         extra=(*options, "--restore-only", "--restore-tasks", "held-out"),
     )
     assert held_out.returncode == 0, held_out.stderr[-3000:]
-    computed = [
-        line.split("] ", 1)[1].split(":")[0] for line in started(held_out) if "starting" in line
-    ]
+    computed = stages_computed(held_out)
     assert computed == ["curve round 0 prepare"], computed
     runs = tmp_path / "held-out" / "store" / "runs"
     assert (runs / "curve" / "round-0" / "tasks" / "test.jsonl").is_file()
@@ -398,7 +409,7 @@ def test_rounds_kept_in_git_let_a_fresh_store_continue_and_refuse_tampering(tmp_
     further = run_curve(tmp_path / "further", results=results, extra=options, rounds=2)
     assert further.returncode == 0, further.stderr[-3000:]
     lines = started(further)
-    computed = [line.split("] ", 1)[1].split(":")[0] for line in lines if "starting" in line]
+    computed = stages_computed(further)
     assert computed == ["curve round 0 prepare"], computed
     assert any(f"{chosen} round 1 report: done earlier" in line for line in lines), lines
     assert any("round 1's candidate computed again: identical" in line for line in lines), lines
