@@ -384,16 +384,17 @@ def curve_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def search_test_table(rows: list[dict[str, Any]]) -> str:
+def search_test_table(rows: list[dict[str, Any]], names: dict[str, str]) -> str:
     """Each searched policy's single pass (full_rewrite, from its test measurement) and its
     searches on the same tasks: solved of n with its interval, the programs a search wrote a
-    task, each paired against the same mode of the policy the round was meant to replace."""
+    task, each paired against the same mode of the policy the round was meant to replace.
+    `names` (short_names of the whole measurement) names that policy even where its own
+    search run is not in `rows` yet: the single pass is paired with it all the same."""
     labels = rows[0]["search_labels"]
     lines = [
         "| policy | single pass, full_rewrite | " + " | ".join(labels.values()) + " |",
         "|---|---|" + "---|" * len(labels),
     ]
-    names = short_names(rows)
     for row in rows:
         against = names.get(row["incumbent"])
         single = row["results"].modes["full_rewrite"]
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
         searched = load_search_test_run(args.results / SEARCH_MODES, measurement)
         if searched:
             print(f"## {SEARCH_TEST_TITLE} (docs/results/{SEARCH_MODES}/*-test.json)\n")
-            print(search_test_table(searched) + "\n")
+            print(search_test_table(searched, short_names(measurement)) + "\n")
         panels.append((MEASUREMENT_TITLE, measurement_points(measurement, searched)))
     print("## MCTS against best-of-N at equal programs (test, 60 tasks)\n")
     print(search_table(search_rows(args.results)) + "\n")

@@ -257,7 +257,8 @@ def test_the_search_modes_test_run_pairs_each_promoted_policy_with_its_predecess
             single_pass.gained,
             single_pass.lost,
         )
-    table = curve_figure.search_test_table(rows)
+    names = curve_figure.short_names(measurement)
+    table = curve_figure.search_test_table(rows, names)
     assert (
         "| policy | single pass, full_rewrite | best-of-16 | multi-turn best-of-4, 4 turns | MCTS, 8 rollouts |"
         in table
@@ -275,6 +276,16 @@ def test_the_search_modes_test_run_pairs_each_promoted_policy_with_its_predecess
         "MCTS, 8 rollouts",
     }
     assert set(points[1]["modes"]) == {"full_rewrite"}  # round 0, kept out: single pass only
+    # round 16's run finished before round 15's: its single pass is still paired with round
+    # 15 by name, its searches with nothing yet
+    single = by_name["round-16"]["results"]
+    searched_like_single_pass(tmp_path, "round-16", single, single.task_ids)
+    rows = curve_figure.load_search_test_run(tmp_path, measurement)
+    assert [row["name"] for row in rows] == ["base", "round-3", "round-16"]
+    assert rows[-1]["search_vs"] == {}
+    last = curve_figure.search_test_table(rows, names).splitlines()[-1]
+    assert last.startswith("| round 16: **promoted** | ") and "vs round 15, p" in last, last
+    assert "vs None" not in last and last.count(" vs ") == 1, last
     single = by_name["round-3"]["results"]
     searched_like_single_pass(tmp_path, "round-3", single, single.task_ids[:-1])
     with pytest.raises(
