@@ -232,10 +232,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--restore-tasks",
         choices=("every-round", "held-out"),
-        help="with --restore-only (refused without it): whose tasks prepare builds again: every committed round's "
-        "(bench/verifier_auc.py reads them), or held-out: round 0's alone (the validation and "
-        "test tasks every round keeps, all that bench/search_modes.py reads besides the "
-        "adapters), about a minute less a round",
+        help="with --restore-only (refused without it): whose tasks prepare builds again: "
+        "every committed round's (the default; bench/verifier_auc.py reads them), or held-out: "
+        "round 0's alone (the validation and test tasks every round keeps, all that "
+        "bench/search_modes.py reads besides the adapters), about a minute less a round",
     )
     parser.add_argument(
         "--write-eval-config",
