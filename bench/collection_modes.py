@@ -7,7 +7,9 @@ own pairs, train (the curve's chosen learning rate and pairs.alpha) and evaluate
 candidate is decided against the base model on the validation tasks by the curve's promotion
 rule from round 11 on (the greedy answer and k sampled answers a task, exact sign-flip test on
 per-task pass counts). MCTS's arm is the curve's committed round 0 (its collect, pairs and
-adapter, copied into the arm's run), evaluated again under that rule. The rule declared in
+adapter, copied into the arm's run), evaluated again under that rule. Every arm is evaluated
+under MCTS's arm's config, so the base model is searched once, by MCTS's arm, and the other arms
+start from its trees. The rule declared in
 docs/results/search-modes/README.md ("Collection's search mode"): `search.mode` becomes the mode
 whose candidate passes the most validation answers if it beats MCTS's candidate paired per task
 (sign-flip p < 0.05); otherwise `mcts` stays.
@@ -40,6 +42,9 @@ import learning_curve  # noqa: E402  (bench/ is not a package)
 ARMS = ("mcts", "bon", "mt_bon")
 NEW_ARM_STAGES = ("collect", "pairs", "train", "evaluate", "promote")
 COPIED_ARM_STAGES = ("evaluate", "promote")  # MCTS's arm: the curve's round 0, decided again
+# Every arm is evaluated and decided under MCTS's arm's config: the promotion modes (single
+# pass) read no search-mode setting, and the base model's trees are then the same for every arm.
+JUDGING_STAGES = ("evaluate", "promote")
 MT_BON_TURNS = 2
 LEVEL = 0.05  # the declared rule's
 
@@ -170,14 +175,50 @@ class Arms:
             self.store, self.out / "work" / "copies", sources, arm_run(mode)
         )
         ctx = self.ctx(mode, arm_config(self.config, mode, samples))
+        judge = self.ctx(mode, arm_config(self.config, "mcts", samples))
         for stage in stages:
+            stage_ctx = judge if stage in JUDGING_STAGES else ctx
             key = ctx.layout.stage(learning_curve.STAGE_OUTPUTS.get(stage, stage))
             if self.store.is_complete(key):
                 print(f"[arms] {mode}: {stage} done earlier", file=sys.stderr, flush=True)
                 continue
+            if stage == "evaluate" and mode != "mcts":
+                self.reuse_base_trees(mode, judge)
             print(f"[arms] {mode}: {stage}", file=sys.stderr, flush=True)
-            STAGE_FUNCTIONS[stage](ctx)
+            STAGE_FUNCTIONS[stage](stage_ctx)
         return self.record(mode, ctx)
+
+    def reuse_base_trees(self, mode: str, judge: Any) -> None:
+        """The base model's trees MCTS's finished arm searched (the same policy under the same
+        evaluation config, so the same seeded trees), copied in as this arm's evaluation's
+        resume state for its incumbent: the product uses them only where their resume key
+        matches, answers and scores them again, and searches whatever they lack."""
+        from codeq.evaluate.run import is_resume_file
+        from codeq.pipeline.stages import EVAL_SPLITS
+
+        source = self.ctx("mcts", self.config).layout.stage("eval")
+        if not self.store.is_complete(source):
+            return
+        files = self.store.read_manifest(source)["files"]
+        for split in EVAL_SPLITS:
+            target = judge.workdir("eval") / "incumbent" / split
+            if any(is_resume_file(path.name) for path in target.glob("*")):
+                continue  # this arm's own progress comes first
+            folder = f"incumbent/{split}/"
+            names = [
+                name
+                for name in (relative.removeprefix(folder) for relative in files)
+                if "/" not in name and is_resume_file(name)
+            ]
+            for name in names:
+                self.store.get_verified_file(source, folder + name, target / name)
+            if names:
+                print(
+                    f"[arms] {mode}: the base model's {split} trees reused from "
+                    f"{arm_run('mcts')} ({len(names)} files)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def record(self, mode: str, ctx: Any) -> dict[str, Any]:
         """What the arm did, read from its store objects while they are here."""

@@ -78,6 +78,12 @@ def check_collection_arms(tmp_path: Path, curve: list[str], results: Path) -> No
     ]
     assert len({base.policy.id for base in bases}) == 1
     assert all(base.modes[gate].per_task == bases[0].modes[gate].per_task for base in bases)
+    # ... so the base model is searched once: MCTS's arm's trees are every other arm's
+    for mode in ("bon", "mt_bon"):
+        assert (
+            f"[arms] {mode}: the base model's test trees reused from collect-mcts" in first.stderr
+        )
+    assert "[arms] bon: the base model's validation trees reused from collect-mcts" in first.stderr
 
     again = run(bench)
     assert again.returncode == 0, again.stderr[-3000:]
