@@ -194,7 +194,7 @@ class Arms:
         resume state for its incumbent: the product uses them only where their resume key
         matches, answers and scores them again, and searches whatever they lack."""
         from codeq.evaluate.run import is_resume_file
-        from codeq.pipeline.stages import EVAL_SPLITS
+        from codeq.pipeline.stages import EVAL_SPLITS, copy_resume_state
 
         source = self.ctx("mcts", self.config).layout.stage("eval")
         if not self.store.is_complete(source):
@@ -204,18 +204,11 @@ class Arms:
             target = judge.workdir("eval") / "incumbent" / split
             if any(is_resume_file(path.name) for path in target.glob("*")):
                 continue  # this arm's own progress comes first
-            folder = f"incumbent/{split}/"
-            names = [
-                name
-                for name in (relative.removeprefix(folder) for relative in files)
-                if "/" not in name and is_resume_file(name)
-            ]
-            for name in names:
-                self.store.get_verified_file(source, folder + name, target / name)
-            if names:
+            copied = copy_resume_state(self.store, source, files, f"incumbent/{split}", target)
+            if copied:
                 print(
                     f"[arms] {mode}: the base model's {split} trees reused from "
-                    f"{arm_run('mcts')} ({len(names)} files)",
+                    f"{arm_run('mcts')} ({copied} files)",
                     file=sys.stderr,
                     flush=True,
                 )

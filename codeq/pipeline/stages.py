@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -714,16 +714,29 @@ def _carry_over_searches(ctx: StageContext, policy: Lineage, split: Split, out_d
             ctx.store.get_verified_file(prefix, f"{folder}/results.json", earlier / "results.json")
             if EvalResults.load(earlier).policy != policy:
                 continue
-            for relative in files:
-                name = relative.removeprefix(f"{folder}/")
-                if name != relative and "/" not in name and is_resume_file(name):
-                    ctx.store.get_verified_file(prefix, relative, out_dir / name)
+            copy_resume_state(ctx.store, prefix, files, folder, out_dir)
             log(
                 f"evaluate: round {number} searched this policy on the {split} tasks as its "
                 f"{role}; its trees are reused where the search settings match, answered by this "
                 "round's tie-break and scored again"
             )
             return
+
+
+def copy_resume_state(
+    store: Any, prefix: str, files: Iterable[str], folder: str, out_dir: Path
+) -> int:
+    """The resume files (searched trees and their keys) directly in `folder` of the complete
+    stage at `prefix` (`files`: its manifest's), copied into out_dir; returns how many."""
+    from codeq.evaluate.run import is_resume_file
+
+    copied = 0
+    for relative in files:
+        name = relative.removeprefix(f"{folder}/")
+        if name != relative and "/" not in name and is_resume_file(name):
+            store.get_verified_file(prefix, relative, out_dir / name)
+            copied += 1
+    return copied
 
 
 def _split_config(config: CodeQConfig, split: Split) -> tuple[CodeQConfig, dict[str, int]]:
