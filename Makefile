@@ -22,7 +22,12 @@ CHECKOV := $(TOOLS)/checkov/bin/checkov
 # test's torch keeps to one thread (tests/conftest.py: two threads on one free core run at half
 # the speed of one). On 2026-12-04 a clean clone's .ci/run took 1206 s here with the cores free
 # (tests 1059 s: the twin 405 s, the tiny learning curve 251 s and 126 s, chained rounds 136 s,
-# SmolLM2 DPO 127 s); the CI machine took 1868 s for the run before.
+# SmolLM2 DPO 127 s); the CI machine took 1868 s for the run before. On 2026-12-07 a clean
+# clone's .ci/run took 1590 s on another machine here (set-up 186 s, lint 36 s, the images 163 s
+# beside them, tests 1344 s: the twin 496 s, the tiny learning curve 394 s and 178 s, chained
+# rounds 166 s, SmolLM2 DPO 145 s, interrupts 115 s) and CI 1867-2070 s for the last three
+# stops: the two workers are busy to the end, so only less work, or set-up and lint beside the
+# images build (.ci/run, since then), shortens it.
 # TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=25 --durations-min=10
