@@ -23,12 +23,21 @@ interruption (rerun the same command). A finished arm writes `<mode>.json` (its 
 training and decision) and its validation results per task beside `--json`; an arm whose file
 is there is read, not run again, on any machine. The round's evaluate stage also scores the
 spent first test tasks as every round does; this bench reads only validation.
+
+An arm takes longer than a machine may live (MCTS's evaluation of the candidate and the base
+model alone about 5.5 h a policy on 2 cores), so the same command with `--persist` (beside the
+run, or after it stopped) copies each unfinished arm's store objects (its finished stages and the
+evaluation trees saved so far) into `progress/collect-<mode>/` beside `--json`, listed with their
+sha256 in `partial.json` as bench/curve_rounds.py keeps a curve's rounds; the next run on any
+machine puts them back into its store first and goes on from there. A finished arm's folder is
+spent and removed, except MCTS's evaluation: the base model's trees every other arm starts from.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-import learning_curve  # noqa: E402  (bench/ is not a package)
+import curve_rounds  # noqa: E402  (bench/ is not a package)
+import learning_curve  # noqa: E402
 
 ARMS = ("mcts", "bon", "mt_bon")
 NEW_ARM_STAGES = ("collect", "pairs", "train", "evaluate", "promote")
@@ -47,6 +57,8 @@ COPIED_ARM_STAGES = ("evaluate", "promote")  # MCTS's arm: the curve's round 0, 
 JUDGING_STAGES = ("evaluate", "promote")
 MT_BON_TURNS = 2
 LEVEL = 0.05  # the declared rule's
+PROGRESS_DIR = "progress"  # beside --json: the arms' store objects, for git
+MCTS_KEPT_STAGE = "eval"  # of a finished MCTS arm: the base model's trees the others reuse
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -60,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
         type=int,
         default=8,
         help="sampled validation answers a task beside the greedy one (the curve's rule)",
+    )
+    parser.add_argument(
+        "--persist",
+        action="store_true",
+        help="copy each unfinished arm's store objects into progress/ beside --json for git, "
+        "then exit (a run may go on meanwhile; the next run on any machine restores them)",
     )
     parser.add_argument("curve", nargs=argparse.REMAINDER, help="-- then the curve's options")
     args = parser.parse_args(argv)
@@ -163,16 +181,9 @@ class Arms:
         """One arm's stages (resumed where they stopped); its record."""
         from codeq.pipeline.stages import STAGE_FUNCTIONS
 
-        base = learning_curve.BASE_RUN
-        sources = {"tasks": base}
-        stages = NEW_ARM_STAGES
-        if mode == "mcts":  # the curve's round 0 as it collected, paired and trained it
-            sources.update(
-                {"trajectories/shard-0": base, "pairs": base, "adapter": self.chosen_run}
-            )
-            stages = COPIED_ARM_STAGES
+        stages = COPIED_ARM_STAGES if mode == "mcts" else NEW_ARM_STAGES
         learning_curve.copy_round_0(
-            self.store, self.out / "work" / "copies", sources, arm_run(mode)
+            self.store, self.out / "work" / "copies", self.copied(mode), arm_run(mode)
         )
         ctx = self.ctx(mode, arm_config(self.config, mode, samples))
         judge = self.ctx(mode, arm_config(self.config, "mcts", samples))
@@ -187,6 +198,73 @@ class Arms:
             print(f"[arms] {mode}: {stage}", file=sys.stderr, flush=True)
             STAGE_FUNCTIONS[stage](stage_ctx)
         return self.record(mode, ctx)
+
+    def copied(self, mode: str) -> dict[str, str]:
+        """The round-0 stages an arm copies from the curve's runs (stage output -> its run):
+        the tasks, and for MCTS's arm the curve's round 0 as it collected, paired and trained."""
+        base = learning_curve.BASE_RUN
+        if mode != "mcts":
+            return {"tasks": base}
+        return {
+            "tasks": base,
+            "trajectories/shard-0": base,
+            "pairs": base,
+            "adapter": self.chosen_run,
+        }
+
+    def own_keys(self, mode: str, only_stage: str | None = None) -> list[str]:
+        """The arm's store objects worth keeping in git: its stages' outputs and the evaluation
+        trees saved so far, not what it copied from the curve's rounds (git holds those) nor a
+        train's checkpoints (`curve_rounds.kept_partial`); `only_stage`: that stage's alone."""
+        prefix = f"runs/{arm_run(mode)}/round-0"
+        copied = tuple(f"{name}/" for name in self.copied(mode))
+        keys = []
+        for key in self.store.list(prefix):
+            inside = curve_rounds.stage_relative(key)
+            if inside.startswith(copied) or not curve_rounds.kept_partial(key):
+                continue
+            if only_stage is None or inside.startswith(f"{only_stage}/"):
+                keys.append(key)
+        return keys
+
+    def persist(self, folder: Path, mode: str, samples: int, finished: bool) -> str:
+        """The arm's objects into `progress_folder` (replacing an earlier copy): all of an
+        unfinished arm's, a finished MCTS arm's evaluation; a finished other arm's folder is
+        spent and removed. One line saying what was kept."""
+        target = progress_folder(folder, mode)
+        shutil.rmtree(target, ignore_errors=True)
+        if finished and mode != "mcts":
+            return f"[arms] {mode}: finished, nothing of its store kept beside {folder}"
+        keys = self.own_keys(mode, MCTS_KEPT_STAGE if finished else None)
+        if not keys:
+            return f"[arms] {mode}: nothing in the store yet"
+        settings = arm_config(self.config, mode, samples).model_dump(mode="json")
+        curve_rounds.write_record(
+            self.store, target / curve_rounds.PARTIAL_FILE, 0, [arm_run(mode)], settings, {}, keys
+        )
+        return f"[arms] {mode}: {len(keys)} store objects kept in {target}"
+
+    def restore(self, folder: Path, mode: str, samples: int) -> None:
+        """Put an arm's kept objects into the store (those it lacks; those it holds must hold the
+        same content), before the arm runs on this machine."""
+        record = progress_folder(folder, mode) / curve_rounds.PARTIAL_FILE
+        if not record.is_file():
+            return
+        settings = arm_config(self.config, mode, samples).model_dump(mode="json")
+        entry = curve_rounds.read_committed(folder, 0, settings, record)
+        curve_rounds.check_store_holds(self.store, record.parent, entry, 0)
+        missing = {
+            key: curve_rounds.committed_content(record.parent, key, recorded, record)
+            for key, recorded in entry["keys"].items()
+            if not self.store.exists(key)
+        }
+        curve_rounds.put_objects(self.store, missing)
+        if missing:
+            print(
+                f"[arms] {mode}: {len(missing)} store objects restored from {record.parent}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def reuse_base_trees(self, mode: str, judge: Any) -> None:
         """The base model's trees MCTS's finished arm searched (the same policy under the same
@@ -241,6 +319,11 @@ class Arms:
         if not self.store.get_verified_file(prefix, f"{role}/validation/results.json", target):
             raise SystemExit(f"error: {prefix} holds no {role}/validation/results.json")
         return target
+
+
+def progress_folder(folder: Path, mode: str) -> Path:
+    """Where an arm's store objects are kept for git (`Arms.persist`)."""
+    return folder / PROGRESS_DIR / arm_run(mode)
 
 
 def arm_files(folder: Path, mode: str) -> tuple[Path, Path, Path]:
@@ -345,9 +428,16 @@ def compare_arms(argv: list[str] | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     config, chosen_run = curve_config(curve_args)
     runner = Arms(curve_args, config, chosen_run)
+    modes = sorted(args.arms, key=lambda m: m != "mcts")  # MCTS's first: the rest face it
+    if args.persist:
+        for mode in modes:
+            if not arm_files(folder, mode)[0].is_file():
+                print(runner.persist(folder, mode, args.samples, finished=False))
+        return
     arms: dict[str, dict[str, Any]] = {}
-    for mode in sorted(args.arms, key=lambda m: m != "mcts"):  # MCTS's first: the rest face it
+    for mode in modes:
         record, candidate, base = arm_files(folder, mode)
+        runner.restore(folder, mode, args.samples)  # kept in git by an earlier machine
         if record.is_file():  # finished earlier, on this machine or another (git)
             arms[mode] = json.loads(record.read_text())
             print(f"[arms] {mode}: read from {record}", file=sys.stderr, flush=True)
@@ -358,6 +448,7 @@ def compare_arms(argv: list[str] | None) -> None:
             runner.validation_results(mode, "candidate", candidate)
             runner.validation_results(mode, "incumbent", base)
         learning_curve.write_result(record, arms[mode])
+        print(runner.persist(folder, mode, args.samples, finished=True), file=sys.stderr)
     decision = decide(arms, folder, args.samples)
     learning_curve.write_result(
         args.json,

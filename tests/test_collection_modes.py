@@ -10,6 +10,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,6 +88,13 @@ def check_collection_arms(tmp_path: Path, curve: list[str], results: Path) -> No
         )
     assert "[arms] bon: the base model's validation trees reused from collect-mcts" in first.stderr
 
+    # kept for git as each arm finished: MCTS's evaluation (the base trees the others reuse)
+    kept = json.loads(
+        (tmp_path / "arms" / "progress" / "collect-mcts" / "partial.json").read_text()
+    )
+    assert kept["keys"] and all("/round-0/eval/" in key for key in kept["keys"])
+    assert [path.name for path in (tmp_path / "arms" / "progress").iterdir()] == ["collect-mcts"]
+
     again = run(bench)
     assert again.returncode == 0, again.stderr[-3000:]
     arms_lines = [line for line in again.stderr.splitlines() if line.startswith("[arms]")]
@@ -105,3 +115,79 @@ def test_the_bench_refuses_arms_without_mcts(tmp_path):
         ]
     )
     assert refused.returncode != 0 and "--arms must include mcts" in refused.stderr
+
+
+def arms_on(out: Path) -> Any:
+    """collection_modes.Arms on a tiny curve's config with its store under `out`."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import collection_modes
+    import learning_curve
+
+    from codeq.config import load_config
+
+    curve_args = learning_curve.sized(learning_curve.parse_args(["--tiny", "--out", str(out)]))
+    config = load_config(None, learning_curve.curve_settings(curve_args))
+    return collection_modes, collection_modes.Arms(curve_args, config, "curve-lr0.001")
+
+
+def test_an_unfinished_arm_is_kept_for_git_and_restored_into_a_fresh_store(tmp_path):
+    """--persist copies an unfinished arm's own store objects (not what it copied from the
+    curve's rounds, nor a train's checkpoints) beside --json; the next run on a fresh store puts
+    them back; a finished arm's copy is spent, except MCTS's evaluation, which the other arms
+    start from; a tampered file or other settings are refused with one line."""
+    from codeq.errors import CorruptInputError
+
+    bench, arms = arms_on(tmp_path / "machine-1")
+    folder = tmp_path / "results"
+    objects = {
+        "tasks/train.jsonl": b"copied from the curve's round 0\n",
+        "trajectories/shard-0/trajectories.jsonl": b'{"tree": 1}\n' * 2000,
+        "trajectories/shard-0/_COMPLETE": b"{}",
+        "eval-progress/incumbent/validation/trees/t1.json": b'{"task": "t1"}',
+        "eval/incumbent/validation/results.json": b'{"solved": 1}',
+        "eval/_COMPLETE": b"{}",
+        "train-progress/checkpoint-1/adapter_model.safetensors": b"weights",
+    }
+    for mode in ("bon", "mcts"):
+        for inside, data in objects.items():
+            arms.store.put_bytes(f"runs/collect-{mode}/round-0/{inside}", data)
+
+    assert "5 store objects kept" in arms.persist(folder, "bon", 2, finished=False)
+    kept = json.loads((folder / "progress" / "collect-bon" / "partial.json").read_text())["keys"]
+    assert sorted(key.split("round-0/")[1] for key in kept) == sorted(
+        [key for key in objects if not key.startswith(("tasks/", "train-progress/"))]
+    )
+    assert any(entry["file"].endswith(".xz") for entry in kept.values())  # packed where it pays
+    # MCTS's copied round 0 (trajectories, pairs, adapter) stays out; finished, its evaluation
+    # alone is kept
+    arms.persist(folder, "mcts", 2, finished=True)
+    kept = json.loads((folder / "progress" / "collect-mcts" / "partial.json").read_text())["keys"]
+    assert sorted(key.split("round-0/")[1] for key in kept) == [
+        "eval/_COMPLETE",
+        "eval/incumbent/validation/results.json",
+    ]
+
+    _, fresh = arms_on(tmp_path / "machine-2")
+    for mode in ("bon", "mcts"):
+        fresh.restore(folder, mode, 2)
+    for key in json.loads((folder / "progress" / "collect-bon" / "partial.json").read_text())[
+        "keys"
+    ]:
+        assert fresh.store.get_bytes(key) == arms.store.get_bytes(key)
+    assert fresh.store.is_complete("runs/collect-mcts/round-0/eval")
+    assert not fresh.store.exists("runs/collect-bon/round-0/tasks/train.jsonl")
+    fresh.restore(folder, "bon", 2)  # again: the store holds the same, nothing changes
+
+    # finished, bon's copy is spent
+    assert "finished" in arms.persist(folder, "bon", 2, finished=True)
+    assert not (folder / "progress" / "collect-bon").exists()
+
+    # a kept file that fails its sha256, or other settings, is refused naming it
+    [packed] = (folder / "progress" / "collect-mcts").rglob("results.json")
+    packed.write_bytes(b'{"solved": 2}')
+    _, third = arms_on(tmp_path / "machine-3")
+    with pytest.raises(CorruptInputError, match="results.json fails its sha256"):
+        third.restore(folder, "mcts", 2)
+    with pytest.raises(CorruptInputError, match="other curve settings"):
+        third.restore(folder, "mcts", 3)  # promotion.samples 3, not the 2 it was kept with
+    assert bench.progress_folder(folder, "mcts") == folder / "progress" / "collect-mcts"
