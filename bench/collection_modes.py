@@ -252,16 +252,10 @@ class Arms:
             return
         settings = arm_config(self.config, mode, samples).model_dump(mode="json")
         entry = curve_rounds.read_committed(folder, 0, settings, record)
-        curve_rounds.check_store_holds(self.store, record.parent, entry, 0)
-        missing = {
-            key: curve_rounds.committed_content(record.parent, key, recorded, record)
-            for key, recorded in entry["keys"].items()
-            if not self.store.exists(key)
-        }
-        curve_rounds.put_objects(self.store, missing)
-        if missing:
+        put = curve_rounds.put_missing(self.store, record.parent, entry, 0, record)
+        if put:
             print(
-                f"[arms] {mode}: {len(missing)} store objects restored from {record.parent}",
+                f"[arms] {mode}: {put} store objects restored from {record.parent}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -458,9 +458,18 @@ def restore_partial(store: Any, results: Path, number: int, settings: dict[str, 
         if stage_relative(key) not in PREPARE_RECORD  # this machine's differ in timings
         and checkpoint_prefix(key) not in spent
     }
+    return put_missing(store, folder, entry, number)
+
+
+def put_missing(
+    store: Any, folder: Path, entry: dict[str, Any], number: int, record: Path | None = None
+) -> int:
+    """Put the committed objects of `entry` (kept in `folder`, listed in `record`) that the
+    store lacks; those it holds must hold the same content (`check_store_holds`). Returns how
+    many it put."""
     check_store_holds(store, folder, entry, number)
     missing = {
-        key: committed_content(folder, key, recorded)
+        key: committed_content(folder, key, recorded, record)
         for key, recorded in entry["keys"].items()
         if not store.exists(key)
     }
