@@ -146,6 +146,46 @@ def verdict(table: list[dict[str, Any]], tasks: int, programs: int) -> str:
     )
 
 
+def p_text(row: dict[str, Any]) -> str:
+    """The exact one-sided p the way docs/results.md writes it: for a gain (or a tie) that of a
+    gain, for a net loss that of a loss."""
+    if len(row["gained"]) >= len(row["lost"]):
+        return f"p = {round(row['p_better'], 3):g}"
+    return f"p worse = {round(row['p_worse'], 3):g}"
+
+
+def outcome_lines(record: dict[str, Any]) -> list[str]:
+    """A run's tables as docs/results/search-modes/README.md shows them, from its --json
+    record alone (no model): every pairing, the verdict, each search's choice of answer
+    against an oracle's and, for a --test-run, every selector's answers from the same trees."""
+    lines = [
+        "| figure | first | second | gained / lost (p) | programs a task |",
+        "|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        lines.append(
+            f"| {row['mode']} | {row['candidate_solved']} | {row['incumbent_solved']} | "
+            f"+{len(row['gained'])} / -{len(row['lost'])} ({p_text(row)}) | "
+            f"{row['first_programs']} vs {row['second_programs']} |"
+        )
+    lines += ["", record["verdict"], ""]
+    lines += [
+        "| search | tasks with a visible-passing rewrite | solvable | lost by the choice |",
+        "|---|---|---|---|",
+    ]
+    for choice in record["selection"]:
+        lines.append(
+            f"| {choice['mode']} | {choice['visible_passing']} | {choice['solvable']} | "
+            f"{len(choice['lost'])} ({choice['lost_per_60_tasks']} in 60 tasks) |"
+        )
+    for mode, found in record.get("forests", {}).items():
+        chosen = ", ".join(
+            f"{name} {figures['solved']}" for name, figures in found["selectors"].items()
+        )
+        lines.append(f"{mode} answered again from its trees: {chosen} of {found['trees']}")
+    return lines
+
+
 def selection_rows(results: Any) -> list[dict[str, Any]]:
     """Per search at its full budget: how its choice of answer did against an oracle's (issue
     37's goal: at most 1 task in 60 lost to hidden tests where some rewrite passes them all)."""
@@ -361,10 +401,21 @@ def test_run_record(
     }
 
 
+def show(record_path: Path) -> None:
+    """--show: the tables of a written record, for the README's outcome sections."""
+    import json
+
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: --show reads a --json record this bench wrote: {exc}") from exc
+    print("\n".join(outcome_lines(record)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=Path, required=True, help="a validation.jsonl")
-    parser.add_argument("--model", required=True, help="policy.model (a .gguf file, a folder)")
+    parser.add_argument("--tasks", type=Path, help="a validation.jsonl (required to run)")
+    parser.add_argument("--model", help="policy.model (a .gguf file, a folder; required to run)")
     parser.add_argument("--adapter", type=Path, help="a LoRA adapter folder (default: base model)")
     parser.add_argument(
         "--policy",
@@ -402,7 +453,17 @@ def main() -> None:
         action="store_true",
         help="compress the trees --out holds so far into --keep and exit (beside a run)",
     )
+    parser.add_argument(
+        "--show",
+        type=Path,
+        help="print a finished run's tables from its --json record (no model) and exit",
+    )
     args = parser.parse_args()
+    if args.show is not None:
+        show(args.show)
+        return
+    if args.tasks is None or args.model is None:
+        parser.error("--tasks and --model are required to run (only --show reads a record)")
     if args.persist:
         if args.keep is None:
             raise SystemExit("error: --persist writes into --keep DIR; name one")
@@ -463,29 +524,10 @@ def main() -> None:
     selectors = answered_again(results, args.out, tasks_path, scores, config) if verifier else {}
     table = rows(results, args)
     tasks = len(results.task_ids)
-    print("| figure | tasks | first | second | gained / lost (p) | programs a task |")
-    print("|---|---|---|---|---|---|")
-    for row in table:
-        print(
-            f"| {row['mode']} | {row['tasks']} | {row['candidate_solved']} | "
-            f"{row['incumbent_solved']} | +{len(row['gained'])} / -{len(row['lost'])} "
-            f"(p = {row['p_better']:.3g}) | {row['first_programs']} vs {row['second_programs']} |"
-        )
     decision = verdict(table, tasks, programs)
-    print(decision)
     choices = selection_rows(results)
-    print("| search | tasks with a visible-passing rewrite | solvable | lost by the choice |")
-    print("|---|---|---|---|")
-    for choice in choices:
-        print(
-            f"| {choice['mode']} | {choice['visible_passing']} | {choice['solvable']} | "
-            f"{len(choice['lost'])} ({choice['lost_per_60_tasks']} in 60 tasks) |"
-        )
-    for mode, found in selectors.items():  # --test-run: every selector on the same trees
-        chosen = ", ".join(
-            f"{name} {figures['solved']}" for name, figures in found["selectors"].items()
-        )
-        print(f"{mode} answered again from its trees: {chosen} of {found['trees']}")
+    shown = {"rows": table, "verdict": decision, "selection": choices, "forests": selectors}
+    print("\n".join(outcome_lines(shown)))
     if args.json is not None:
         from codeq.schemas import write_json
 

@@ -368,6 +368,9 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(
         assert all(set(per_task) == tasks for per_task in figures.values()), mode
     assert 0 < found["searches"]["bon"]["programs"] <= 2
     assert "best-of-2 " in found["verdict"] and found["verdict"] in result.stdout
+    shown = [sys.executable, str(BENCH / "search_modes.py"), "--show", str(out)]
+    tables = subprocess.run(shown, capture_output=True, text=True, timeout=60, cwd=BENCH.parent)
+    assert tables.returncode == 0 and tables.stdout.strip() in result.stdout  # the live tables
     assert [choice["mode"] for choice in found["selection"]] == ["bon", "mt_bon", "mcts"]
     for choice in found["selection"]:  # the choice can lose only tasks some rewrite solves
         assert set(choice["lost"]) <= tasks and len(choice["lost"]) <= choice["solvable"]
@@ -414,6 +417,29 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(
         name = f"trajectories-{mode}.partial.jsonl"
         assert (tmp_path / "elsewhere" / name).read_text() == (tmp_path / "eval" / name).read_text()
     assert json.loads(out.read_text())["rows"] == found["rows"]
+
+
+@pytest.mark.parametrize("record", ["base-test.json", "round-16-test.json"])
+def test_search_modes_readme_shows_each_test_runs_table_as_its_record_gives_it(record):
+    """The README's outcome tables are what `--show` prints from the committed record, so a
+    figure mistyped or left stale there fails here."""
+    modes = BENCH.parent / "docs" / "results" / "search-modes"
+    command = [sys.executable, str(BENCH / "search_modes.py"), "--show", str(modes / record)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr
+    rows = [
+        line for line in result.stdout.splitlines() if " vs bon@" in line or " vs mcts@" in line
+    ]
+    readme = (modes / "README.md").read_text().splitlines()
+    assert len(rows) == 9 and [row for row in rows if row not in readme] == []
+
+
+def test_search_modes_show_refuses_what_is_not_a_record(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    command = [sys.executable, str(BENCH / "search_modes.py"), "--show", str(broken)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=BENCH.parent)
+    assert result.returncode != 0 and result.stderr.startswith("error: --show reads")
 
 
 @pytest.mark.parametrize(
