@@ -26,6 +26,10 @@ keeps the verifier's scores there as it computes them, so a resumed run scores n
 
     python bench/search_modes.py ... --keep docs/results/search-modes/base-trees --persist
 
+A finished run's tables, as the README shows them, from its committed record (no model):
+
+    python bench/search_modes.py --show docs/results/search-modes/round-16-test.json
+
 `--test-run` is the one run on test tasks that docs/results.md specifies after the chain (the
 run of the validation decisions): a test file only with it, the first --skip tasks left out (the
 curve's 60 are spent), every answer chosen by execution agreement (evaluate.agreement_probes,
@@ -406,10 +410,12 @@ def show(record_path: Path) -> None:
     import json
 
     try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"error: --show reads a --json record this bench wrote: {exc}") from exc
-    print("\n".join(outcome_lines(record)))
+        lines = outcome_lines(json.loads(record_path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"error: --show reads a --json record this bench wrote; {record_path}: {exc!r}"
+        ) from exc
+    print("\n".join(lines))
 
 
 def main() -> None:

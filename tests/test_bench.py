@@ -434,12 +434,14 @@ def test_search_modes_readme_shows_each_test_runs_table_as_its_record_gives_it(r
     assert len(rows) == 9 and [row for row in rows if row not in readme] == []
 
 
-def test_search_modes_show_refuses_what_is_not_a_record(tmp_path):
+@pytest.mark.parametrize("text", ["{", '{"rows": []}', "[1]"])
+def test_search_modes_show_refuses_what_is_not_a_record(tmp_path, text):
     broken = tmp_path / "broken.json"
-    broken.write_text("{")
+    broken.write_text(text)
     command = [sys.executable, str(BENCH / "search_modes.py"), "--show", str(broken)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=BENCH.parent)
     assert result.returncode != 0 and result.stderr.startswith("error: --show reads")
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
