@@ -153,9 +153,11 @@ def verdict(table: list[dict[str, Any]], tasks: int, programs: int) -> str:
 def p_text(row: dict[str, Any]) -> str:
     """The exact one-sided p the way docs/results.md writes it: for a gain (or a tie) that of a
     gain, for a net loss that of a loss."""
+    from curve_figure import p_clause  # the results page's own wording ('p < 0.001' too)
+
     if len(row["gained"]) >= len(row["lost"]):
-        return f"p = {round(row['p_better'], 3):g}"
-    return f"p worse = {round(row['p_worse'], 3):g}"
+        return p_clause(row["p_better"])
+    return p_clause(row["p_worse"], "p worse")
 
 
 def outcome_lines(record: dict[str, Any]) -> list[str]:
