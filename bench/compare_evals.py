@@ -37,20 +37,26 @@ def load(path: Path) -> dict[str, Any]:
         raise SystemExit(f"error: cannot read {path}: {exc}") from exc
 
 
+def headline_name(mode: str, figure: dict[str, Any]) -> str:
+    """A search mode's headline figure's name, by its budget ('mcts@8', 'bon@16',
+    'mt_bon@4x4'); a mode without one keeps its own name ('zero_shot')."""
+    if mode == "mt_bon":
+        return f"mt_bon@{figure['samples']}x{figure['rollouts']}"
+    if figure.get("rollouts"):
+        return f"mcts@{figure['rollouts']}"
+    if figure.get("samples"):
+        return f"bon@{figure['samples']}"
+    return mode
+
+
 def figures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every figure a results.json holds, by name: 'zero_shot', 'mcts@4', 'bon@16', 'mt_bon@8x3'
     (multi-turn best-of-N: N samples a turn, t turns), ... A search mode's headline figure is
     named by its budget, so that two results searched with different rollouts (or samples) are
     not paired under the one name 'mcts' (or 'bon')."""
-    named = {}
-    for mode, figure in results.get("modes", {}).items():
-        if mode == "mt_bon":
-            mode = f"mt_bon@{figure['samples']}x{figure['rollouts']}"
-        elif figure.get("rollouts"):
-            mode = f"mcts@{figure['rollouts']}"
-        elif figure.get("samples"):
-            mode = f"bon@{figure['samples']}"
-        named[mode] = figure
+    named = {
+        headline_name(mode, figure): figure for mode, figure in results.get("modes", {}).items()
+    }
     for budget, figure in results.get("mcts_rollout_ablation", {}).items():
         named[f"mcts@{budget}"] = figure
     for samples, figure in results.get("bon_ablation", {}).items():

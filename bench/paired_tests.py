@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from compare_evals import figures  # noqa: E402
+from compare_evals import figures, headline_name  # noqa: E402
 from curve_rounds import read_packed  # noqa: E402
 
 from codeq.evaluate.results import EvalResults  # noqa: E402
@@ -1350,6 +1350,44 @@ def defaults_test_measurement() -> list[Entry]:
 SEARCH_MODES = "search-modes/"
 
 
+def headline(path: str, mode: str) -> str:
+    """`mode`'s headline figure in a results file, named as figures() names it (by budget)."""
+    return fig(path, headline_name(mode, read(path)["modes"][mode]))
+
+
+def defaults_search_test_run() -> list[Entry]:
+    """One entry per search each promoted policy's search modes' test run shares with the run
+    of the policy its round was meant to replace, on the same 137 test tasks (the searches'
+    columns of bench/curve_figure.py's table on docs/results.md)."""
+    from curve_figure import load_defaults_curve, load_search_test_run, load_test_measurement
+
+    measurement = load_test_measurement(RESULTS / DEFAULTS, load_defaults_curve(RESULTS / DEFAULTS))
+    rows = load_search_test_run(RESULTS / SEARCH_MODES, measurement)
+    by_name = {row["name"]: row for row in rows}
+    found = []
+    for row in rows:
+        record = read(f"{SEARCH_MODES}{row['name']}-test.json")
+        for mode, paired in row["search_vs"].items():
+            against = by_name[row["incumbent"]]
+            gained, lost = len(paired.gained), len(paired.lost)
+            found.append(
+                e(
+                    f"T137-dsm-{row['name']}-{mode}",
+                    "test137",
+                    paired.tasks,
+                    record["date"],
+                    f"third curve, {row['label']} vs {against['label']}, "
+                    f"{row['search_labels'][mode]} (search modes' test run)",
+                    (gained, lost),
+                    p=directed_p_text(gained, lost, paired.p_better, paired.p_worse),
+                    where="results.md, The third curve's policies searching",
+                    first=(headline(f"{SEARCH_MODES}{row['name']}-test-results.json", mode),),
+                    second=(headline(f"{SEARCH_MODES}{row['incumbent']}-test-results.json", mode),),
+                )
+            )
+    return found
+
+
 def search_modes_entries(paths: list[str] | None = None) -> list[Entry]:
     """One entry per row of each bench/search_modes.py run (searches at equal programs): on
     validation, the rows at the full budget against best-of-N decide issue 37's choice of
@@ -1546,6 +1584,7 @@ def ledger() -> list[Entry]:
         LEDGER
         + defaults_rounds()
         + defaults_test_measurement()
+        + defaults_search_test_run()
         + search_modes_entries()
         + verifier_entries()
         + answer_selection_entries()

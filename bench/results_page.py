@@ -51,6 +51,12 @@ def main() -> None:
     if measured:
         table = curve_figure.curve_table(measured)
         text = replace_table_after(text, "**The third curve's test measurement**", table)
+        searched = curve_figure.load_search_test_run(
+            REPO / "docs" / "results" / "search-modes", measured
+        )
+        if searched:
+            table = curve_figure.search_test_table(searched, curve_figure.short_names(measured))
+            text = replace_table_after(text, "**The third curve's policies searching**", table)
     PAGE.write_text(text)
     png = REPO / "docs" / "results" / "learning-curves.png"
     subprocess.run(

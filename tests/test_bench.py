@@ -419,7 +419,7 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(
     assert json.loads(out.read_text())["rows"] == found["rows"]
 
 
-@pytest.mark.parametrize("record", ["base-test.json", "round-16-test.json"])
+@pytest.mark.parametrize("record", ["base-test.json", "round-16-test.json", "round-15-test.json"])
 def test_search_modes_readme_shows_each_test_runs_table_as_its_record_gives_it(record):
     """The README's outcome tables are what `--show` prints from the committed record, so a
     figure mistyped or left stale there fails here."""
