@@ -1355,6 +1355,15 @@ def headline(path: str, mode: str) -> str:
     return fig(path, headline_name(mode, read(path)["modes"][mode]))
 
 
+# The test-split figures that prompted a later choice (the choice itself rests on validation)
+SEARCH_TEST_RUN_INFORMED = {
+    f"T137-dsm-round-16-{mode}": "prompted reach in every decision and the opt-in "
+    "promotion.reach_guard (validation: round 16 reached 62 tasks against 69; "
+    "docs/promotion-power.md, Reach)"
+    for mode in ("bon", "mcts")
+}
+
+
 def defaults_search_test_run() -> list[Entry]:
     """One entry per search each promoted policy's search modes' test run shares with the run
     of the policy its round was meant to replace, on the same 137 test tasks (the searches'
@@ -1370,9 +1379,10 @@ def defaults_search_test_run() -> list[Entry]:
         for mode, paired in row["search_vs"].items():
             against = by_name[row["incumbent"]]
             gained, lost = len(paired.gained), len(paired.lost)
+            key = f"T137-dsm-{row['name']}-{mode}"
             found.append(
                 e(
-                    f"T137-dsm-{row['name']}-{mode}",
+                    key,
                     "test137",
                     paired.tasks,
                     record["date"],
@@ -1380,6 +1390,8 @@ def defaults_search_test_run() -> list[Entry]:
                     f"{row['search_labels'][mode]} (search modes' test run)",
                     (gained, lost),
                     p=directed_p_text(gained, lost, paired.p_better, paired.p_worse),
+                    role="informed" if key in SEARCH_TEST_RUN_INFORMED else "",
+                    outcome=SEARCH_TEST_RUN_INFORMED.get(key, ""),
                     where="results.md, The third curve's policies searching",
                     first=(headline(f"{SEARCH_MODES}{row['name']}-test-results.json", mode),),
                     second=(headline(f"{SEARCH_MODES}{row['incumbent']}-test-results.json", mode),),

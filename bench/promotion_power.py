@@ -97,6 +97,12 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="the incumbent's greedy solve rate (default: the committed validation split's)",
     )
+    parser.add_argument(
+        "--reach-guard",
+        action="store_true",
+        help="also each k with promotion.reach_guard: blocked where the candidate reaches "
+        "significantly fewer tasks (any of the greedy + k answers passing; exact McNemar)",
+    )
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     return parser.parse_args()
@@ -299,6 +305,8 @@ def simulate(
 ) -> dict[str, float]:
     """P(promote) under `condition` for today's rule and each k (with the guard)."""
     promoted = {"today": 0, **{f"k={k}": 0 for k in ks}}
+    if args.reach_guard:
+        promoted |= {f"k={k}, reach guard": 0 for k in ks}
     chunk = 500
     for start in range(0, replicates, chunk):
         rows = min(chunk, replicates - start)
@@ -307,12 +315,13 @@ def simulate(
         u = rng.random(shape)
         greedy = (u < q).astype(np.int64) - (u < p).astype(np.int64)
         passes_q, passes_p = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
-        sampled = {}
+        sampled, sampled_q, sampled_p = {}, {}, {}
         for previous, k in zip([0, *ks], ks, strict=False):
             # nested: the first k samples of k' > k are those of k
             passes_q += rng.binomial(k - previous, q)
             passes_p += rng.binomial(k - previous, p)
             sampled[k] = passes_q - passes_p
+            sampled_q[k], sampled_p[k] = passes_q.copy(), passes_p.copy()
         # the guard mode: greedy answers, no difference, its own tasks' difficulty
         gp, gq = draw_pair(guard_null, guard, rng, shape)
         gu = rng.random(shape)
@@ -327,6 +336,14 @@ def simulate(
             better, worse = sign_flip_fft(greedy + sampled[k])
             wins = significant(better, args.level) & ~significant(worse, args.level)
             promoted[f"k={k}"] += int((wins & ~guard_blocks).sum())
+            if args.reach_guard:
+                # a task is reached when its greedy answer or any of its k samples passes
+                reached = (sampled_q[k] + (u < q) > 0).astype(np.int64) - (
+                    sampled_p[k] + (u < p) > 0
+                ).astype(np.int64)
+                _, narrower = sign_flip_fft(reached)
+                kept = wins & ~guard_blocks & ~significant(narrower, args.level)
+                promoted[f"k={k}, reach guard"] += int(kept.sum())
     return {rule: count / replicates for rule, count in promoted.items()}
 
 
@@ -344,7 +361,13 @@ def check_against_exact(rng: np.random.Generator) -> float:
 # ----------------------------------------------------------------------------- the table
 
 
-def table(title: str, figures: dict[str, dict[str, float]], ks: list[int], gains: list[float]):
+def table(
+    title: str,
+    figures: dict[str, dict[str, float]],
+    ks: list[int],
+    gains: list[float],
+    reach_guard: bool = False,
+):
     columns = ["exchangeable", "mean-zero churn", *[f"+{g:g} points" for g in gains]]
     lines = [
         f"\n{title}",
@@ -355,6 +378,11 @@ def table(title: str, figures: dict[str, dict[str, float]], ks: list[int], gains
     rules = [("today", "greedy McNemar, no guard (today)", 1)] + [
         (f"k={k}", f"sign-flip, k = {k}, zero_shot guard", 1 + k) for k in ks
     ]
+    if reach_guard:
+        rules += [
+            (f"k={k}, reach guard", f"sign-flip, k = {k}, zero_shot and reach guards", 1 + k)
+            for k in ks
+        ]
     for key, label, answers in rules:
         cells = " | ".join(f"{figures[column][key]:.3f}" for column in columns)
         lines.append(f"| {label} | {answers} | {cells} |")
@@ -450,7 +478,7 @@ def main() -> None:
             f"-{reference.gain(model, model.mu_for(0.05, reference))[2] * args.tasks:.1f} on "
             f"{args.tasks} tasks)"
         )
-        print(table(title, figures, ks, gains))
+        print(table(title, figures, ks, gains, args.reach_guard))
     out["seconds"] = round(time.perf_counter() - started, 1)
     for name in out["not_calibrated"]:
         print(f"\n{name} effect: no sigma loses {args.loss_per_gain} tasks per task gained")

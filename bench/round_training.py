@@ -96,7 +96,39 @@ def round_row(number: int, folder: Path, max_new_tokens: int) -> dict[str, Any] 
             found = answers(trees, max_new_tokens)
             if found is not None:
                 row.setdefault(kind, {})[role] = found
+    row["reach"] = reach(folder, keys, number)
     return row
+
+
+def reach(folder: Path, keys: dict[str, Any], number: int) -> dict[str, Any] | None:
+    """The gate's pass counts and the tasks any answer passes (greedy plus k sampled), the
+    candidate against the incumbent on validation, by codeq.promotion's own comparison; None
+    for a round evaluated without sampled answers."""
+    from codeq.evaluate.results import EvalResults
+    from codeq.promotion import compare_modes
+
+    evaluated = {}
+    for role in ("candidate", "incumbent"):
+        raw = stored(folder, keys, f"/round-{number}/eval/{role}/validation/results.json")
+        if raw is None:
+            return None
+        evaluated[role] = EvalResults.model_validate_json(raw).modes["full_rewrite"]
+    sampled = evaluated["candidate"].sampled
+    if sampled is None or evaluated["incumbent"].sampled is None:
+        return None
+    compared = compare_modes(
+        "full_rewrite", evaluated["candidate"], evaluated["incumbent"], sampled.samples
+    )
+    counts = compared.pass_counts
+    assert counts is not None and counts.reach is not None
+    return {
+        "samples": counts.samples,
+        "answers": counts.answers,
+        "passes": [counts.incumbent_passes, counts.candidate_passes],
+        "tasks_better_worse": [counts.tasks_better, counts.tasks_worse],
+        "p_better": compared.p_better,
+        "reach": counts.reach.model_dump(),
+    }
 
 
 def percent(value: float | None) -> str:
@@ -153,6 +185,28 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
                 for key in ("not_extracted", "without_closing_fence", "passing_reward_tests")
             ]
             lines.append(f"| {row['round']} | {kind} | " + " | ".join(cells) + " |")
+    reached = [row for row in rows if row.get("reach")]
+    if reached:
+        lines += [
+            "",
+            "Reach on validation (rounds evaluated with sampled answers), incumbent → candidate: "
+            "the gate's passes among each task's greedy answer and k sampled ones (the "
+            "sign-flip test's sums, its p for a gain), and the tasks where at least one of "
+            "those answers passes, with the tasks only one policy reaches and the exact "
+            "one-sided McNemar p of reaching fewer (promotion.reach_guard; docs/promotion-power.md).",
+            "",
+            "| round | answers a task | passes | p (more passes) | tasks reached | "
+            "reached only by the candidate / the incumbent | p worse (reach) |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in reached:
+            r = row["reach"]
+            lines.append(
+                f"| {row['round']} | {r['samples'] + 1} | {r['passes'][0]} → {r['passes'][1]} "
+                f"| {r['p_better']:.3g} | {r['reach']['incumbent']} → {r['reach']['candidate']} "
+                f"| +{r['reach']['gained']} / -{r['reach']['lost']} "
+                f"| {r['reach']['p_worse']:.3g} |"
+            )
     return "\n".join(lines) + "\n"
 
 

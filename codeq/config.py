@@ -176,6 +176,7 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "promotion.samples": 0,
     "promotion.guard_modes": [],
     "promotion.force_rounds": [],
+    "promotion.reach_guard": False,
     "policy.backend": "engine",
     "search.mt_bon_samples": 8,
     "search.mt_bon_turns": 3,
@@ -522,6 +523,15 @@ class PromotionConfig(Section):
         "is refused as a guard of full_rewrite. [] checks promotion.modes only.",
     )
 
+    reach_guard: bool = Field(
+        False,
+        description="With promotion.samples k > 0, also block promotion when the candidate "
+        "reaches significantly fewer validation tasks (at least one of its k + 1 answers "
+        "passes; one-sided exact McNemar at promotion.level): the pass-count test rewards a "
+        "policy that passes more often where it already passed, while a search that answers "
+        "from many samples (best-of-N, the default answer) needs it to pass somewhere. "
+        "Reach is reported in decision.json either way (docs/promotion-power.md, 'Reach').",
+    )
     force_rounds: list[int] = Field(
         default_factory=list,
         description="Rounds whose candidate is promoted whatever validation says: an "
@@ -533,6 +543,11 @@ class PromotionConfig(Section):
 
     @model_validator(mode="after")
     def _check_samples(self) -> PromotionConfig:
+        if self.reach_guard and not self.samples:
+            raise ValueError(
+                "promotion.reach_guard reads the k sampled answers per task of "
+                "promotion.samples: set promotion.samples (8 recommended) or leave the guard off"
+            )
         if self.samples and self.modes[0] not in ("zero_shot", "full_rewrite"):
             raise ValueError(
                 f"promotion.samples needs a single-answer first promotion mode (zero_shot or "

@@ -4,7 +4,8 @@ Decided on the validation split only (the test split is reported, never used to 
 the same tasks evaluated for both policies, by paired one-sided exact tests. The candidate is
 promoted when, in the first of `promotion.modes`, it does significantly better on the validation
 tasks than the incumbent (at `promotion.level`), and in no mode of `promotion.modes` or
-`promotion.guard_modes` it does significantly worse. Two equal policies are therefore promoted
+`promotion.guard_modes` it does significantly worse (nor, with `promotion.reach_guard`, reaches
+significantly fewer tasks with any of its answers). Two equal policies are therefore promoted
 in at most `level` of rounds, not half of them.
 
 The test of the first mode: with one greedy answer per task, the exact McNemar test on the tasks
@@ -57,6 +58,19 @@ def sign_flip_p_values(differences: Sequence[int]) -> tuple[float, float]:
     return sum(counts[positive:]) / assignments, sum(counts[: positive + 1]) / assignments
 
 
+class Reach(BaseModel):
+    """Tasks where at least one of a policy's answers (greedy plus k sampled) passes: what a
+    search answering from many samples can find, which the pass-count test does not see."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate: int = Field(description="Tasks some answer of the candidate passes.")
+    incumbent: int = Field(description="Tasks some answer of the incumbent passes.")
+    gained: int = Field(description="Tasks only the candidate reaches.")
+    lost: int = Field(description="Tasks only the incumbent reaches.")
+    p_worse: float = Field(description="One-sided exact McNemar p: the candidate reaches fewer.")
+
+
 class PassCounts(BaseModel):
     """Each task's passing answers, its greedy one plus k sampled, for both policies."""
 
@@ -68,6 +82,9 @@ class PassCounts(BaseModel):
     incumbent_passes: int
     tasks_better: int = Field(description="Tasks where the candidate passes more answers.")
     tasks_worse: int = Field(description="Tasks where the incumbent passes more answers.")
+    reach: Reach | None = Field(
+        None, description="Tasks some answer passes (None in decisions written before it)."
+    )
 
 
 class ModeComparison(BaseModel):
@@ -102,6 +119,9 @@ class PromotionDecision(BaseModel):
         default_factory=list, description="Modes checked only for no significant regression."
     )
     samples: int = Field(0, description="Sampled answers per task in the gate mode.")
+    reach_guard: bool = Field(
+        False, description="Whether reaching significantly fewer tasks blocks promotion."
+    )
     forced: bool = Field(
         False, description="Promoted by promotion.force_rounds, not by the paired tests."
     )
@@ -153,6 +173,8 @@ def compare_modes(
     old_counts = pass_counts(label, incumbent, samples, "incumbent")
     differences = [new_counts[task] - old_counts[task] for task in sorted(new)]
     p_better, p_worse = sign_flip_p_values(differences)
+    reach_gained = sum(1 for task in new if new_counts[task] and not old_counts[task])
+    reach_lost = sum(1 for task in new if old_counts[task] and not new_counts[task])
     return comparison.model_copy(
         update={
             "p_better": p_better,
@@ -165,6 +187,13 @@ def compare_modes(
                 incumbent_passes=sum(old_counts.values()),
                 tasks_better=sum(d > 0 for d in differences),
                 tasks_worse=sum(d < 0 for d in differences),
+                reach=Reach(
+                    candidate=sum(1 for passes in new_counts.values() if passes),
+                    incumbent=sum(1 for passes in old_counts.values() if passes),
+                    gained=reach_gained,
+                    lost=reach_lost,
+                    p_worse=one_sided_mcnemar(reach_lost, reach_gained),
+                ),
             ),
         }
     )
@@ -257,15 +286,18 @@ def _decide_by_tests(
     ]
     gate = comparisons[0]
     regressions = [c for c in comparisons if c.p_worse < config.level]
+    reach = gate.pass_counts.reach if gate.pass_counts else None
+    narrower = bool(config.reach_guard and reach and reach.p_worse < config.level)
     significant = gate.p_better < config.level
-    promote = significant and not regressions
+    promote = significant and not regressions and not narrower
     return PromotionDecision(
         **base,
         promote=promote,
-        reason=_reason(gate, significant, regressions, config.level),
+        reason=_reason(gate, significant, regressions, narrower, config.level),
         gate_mode=gate.mode,
         guard_modes=guards,
         samples=config.samples,
+        reach_guard=config.reach_guard,
         comparisons=comparisons,
         candidate=candidate.policy,
         incumbent=incumbent.policy,
@@ -273,9 +305,13 @@ def _decide_by_tests(
 
 
 def _reason(
-    gate: ModeComparison, significant: bool, regressions: list[ModeComparison], level: float
+    gate: ModeComparison,
+    significant: bool,
+    regressions: list[ModeComparison],
+    narrower: bool,
+    level: float,
 ) -> str:
-    verdict = "PROMOTED" if significant and not regressions else "kept the incumbent"
+    verdict = "PROMOTED" if significant and not (regressions or narrower) else "kept the incumbent"
     text = (
         f"{verdict}: on {gate.tasks} validation tasks ({gate.mode}) the candidate solves "
         f"{gate.candidate_solved} vs {gate.incumbent_solved}, {len(gate.gained)} gained and "
@@ -295,4 +331,12 @@ def _reason(
     if regressions:
         worse = ", ".join(f"{c.mode} (p = {c.p_worse:.3g})" for c in regressions)
         text += f"; significantly worse in {worse}"
+    reach = counts.reach if counts else None
+    if reach is not None:
+        text += (
+            f"; some answer passes on {reach.candidate} tasks vs {reach.incumbent} (+{reach.gained}"
+            f" / -{reach.lost}, p worse = {reach.p_worse:.3g})"
+        )
+    if narrower:
+        text += ": significantly fewer tasks reached, blocked by promotion.reach_guard"
     return text

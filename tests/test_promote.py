@@ -352,6 +352,43 @@ def test_sampled_answers_do_not_promote_an_equal_candidate() -> None:
     assert promoted / trials <= 0.06
 
 
+def sharpened(task_ids: list[str]) -> tuple[EvalResults, EvalResults]:
+    """A candidate that passes many more of its 9 answers on the 20 tasks both reach (8 of 9
+    against 2) but no answer at all on 12 tasks the incumbent reaches (1 of 9 there): more
+    passes, fewer tasks reached."""
+    greedy = dict.fromkeys(task_ids, False)
+    new_passes = {t: (8 if i < 20 else 0) for i, t in enumerate(task_ids)}
+    old_passes = {t: (2 if i < 20 else 1 if i < 32 else 0) for i, t in enumerate(task_ids)}
+    return (
+        sampled_results("validation", CANDIDATE, greedy, new_passes, 8),
+        sampled_results("validation", BASE, greedy, old_passes, 8),
+    )
+
+
+def test_reach_is_reported_and_its_guard_blocks_a_candidate_that_reaches_fewer_tasks() -> None:
+    candidate, incumbent = sharpened([f"t{i}" for i in range(60)])
+    reported = decide(0, candidate, incumbent, PromotionConfig(samples=8))
+    assert reported.promote  # the pass counts alone: 160 against 52
+    reach = reported.comparisons[0].pass_counts.reach
+    assert (reach.candidate, reach.incumbent, reach.gained, reach.lost) == (20, 32, 0, 12)
+    assert reach.p_worse == pytest.approx(one_sided_mcnemar(12, 0))
+    assert "some answer passes on 20 tasks vs 32 (+0 / -12" in reported.reason
+    guarded = decide(0, candidate, incumbent, PromotionConfig(samples=8, reach_guard=True))
+    assert not guarded.promote
+    assert guarded.reason.startswith("kept the incumbent")
+    assert guarded.reason.endswith("blocked by promotion.reach_guard")
+    # the same candidate reaching what the incumbent reaches is promoted under the guard
+    widened = candidate.model_copy(deep=True)
+    widened.modes["full_rewrite"].sampled.per_task.update({f"t{i}": 1 for i in range(20, 32)})
+    assert decide(0, widened, incumbent, PromotionConfig(samples=8, reach_guard=True)).promote
+
+
+def test_the_reach_guard_needs_sampled_answers() -> None:
+    with pytest.raises(ValidationError, match="reach_guard reads the k sampled answers"):
+        PromotionConfig(reach_guard=True)
+    assert PromotionConfig(samples=8, reach_guard=True).reach_guard
+
+
 def test_promotion_with_samples_refuses_evaluations_without_them() -> None:
     greedy = {t: t in TASKS[:6] for t in TASKS}
     four = sampled_results("validation", CANDIDATE, greedy, dict.fromkeys(TASKS, 3), 4)
@@ -439,13 +476,15 @@ def test_the_new_keys_at_their_old_values_leave_stage_fingerprints_unchanged() -
     from codeq.pipeline.fingerprint import stage_config
 
     before = load_config(overrides={"promotion": {"samples": 0, "guard_modes": []}})
-    guarded = {"samples": 8, "guard_modes": ["zero_shot"]}
+    guarded = {"samples": 8, "guard_modes": ["zero_shot"], "reach_guard": True}
     after = load_config(overrides={"promotion": guarded, "search": {"prompt": "detailed"}})
     for stage in ("evaluate", "promote"):
         assert "promotion.samples" not in stage_config(before, stage)
         assert "promotion.guard_modes" not in stage_config(before, stage)
         assert stage_config(after, stage)["promotion.samples"] == 8
         assert stage_config(after, stage)["promotion.guard_modes"] == ["zero_shot"]
+    assert "promotion.reach_guard" not in stage_config(before, "promote")
+    assert stage_config(after, "promote")["promotion.reach_guard"] is True
 
 
 @pytest.mark.slow
@@ -519,6 +558,7 @@ def test_the_power_simulation_runs_and_its_p_values_are_the_exact_ones(tmp_path)
             "--reference-draws=10000",
             "--samples=0,8",
             "--effects=5",
+            "--reach-guard",
             f"--json={out}",
         ],
         check=True,
@@ -531,6 +571,9 @@ def test_the_power_simulation_runs_and_its_p_values_are_the_exact_ones(tmp_path)
     assert diffuse["+5 points"]["k=8"] > diffuse["+5 points"]["today"] + 0.15
     for column in ("exchangeable", "mean-zero churn"):
         assert all(rate < 0.07 for rate in diffuse[column].values())
+    # the reach guard only ever blocks: never more promotions than without it
+    for column, rates in diffuse.items():
+        assert rates["k=8, reach guard"] <= rates["k=8"], column
 
 
 def test_a_forced_round_promotes_a_candidate_the_tests_keep_out() -> None:
@@ -567,3 +610,27 @@ def test_held_out_evaluation_steps_choose_the_adapter_kept_so_they_are_fingerpri
         ]
         == 8
     )
+
+
+def test_the_reach_section_quotes_the_committed_figures() -> None:
+    """docs/promotion-power.md's reach tables are the committed simulation's and the rounds'
+    (round-training.md, generated from the committed rounds), so a figure typed wrong fails."""
+    page = (REPO / "docs/promotion-power.md").read_text()
+    power = json.loads(
+        (REPO / "docs/results/promotion-power/reach-guard-loss-per-gain-0.3.json").read_text()
+    )
+    columns = ["exchangeable", "mean-zero churn", "+3 points", "+5 points", "+8 points"]
+    rules = {
+        "k=8": "k = 8, zero_shot guard",
+        "k=8, reach guard": "k = 8, zero_shot and reach guards",
+    }
+    for model in ("diffuse", "sparse"):
+        rates = power["models"][model]["promotion_rate"]
+        for key, label in rules.items():
+            cells = " | ".join(f"{rates[column][key]:.3f}" for column in columns)
+            assert f"| {model} | {label} | {cells} |" in page
+    training = (REPO / "docs/results/learning-curve-defaults/round-training.md").read_text()
+    for number in (15, 16):
+        (line,) = [row for row in training.splitlines() if row.startswith(f"| {number} | 9 | ")]
+        cells = line.split(" | ")
+        assert " | ".join([cells[0], *cells[2:]]) in page

@@ -616,6 +616,32 @@ def test_a_sign_flip_decision_is_explained_by_its_pass_counts() -> None:
     assert "would have to be gains" not in text and "promotion.samples" not in text
 
 
+def test_a_round_kept_out_by_the_reach_guard_says_what_it_reaches() -> None:
+    """A decision the reach guard blocked: the advice names the tasks reached, not chance."""
+    from codeq.report.advice import what_next
+
+    counts = {"samples": 8, "answers": 1287, "candidate_passes": 348, "incumbent_passes": 313}
+    reach = {"candidate": 50, "incumbent": 69, "gained": 2, "lost": 21, "p_worse": 1.1e-05}
+    gate = {
+        "mode": "full_rewrite",
+        "tasks": 143,
+        "candidate_solved": 39,
+        "incumbent_solved": 41,
+        "gained": ["a"],
+        "lost": ["b", "c"],
+        "p_better": 0.01,
+        "p_worse": 0.99,
+        "test": "sign_flip",
+        "pass_counts": counts | {"tasks_better": 32, "tasks_worse": 28, "reach": reach},
+    }
+    promotion = {"round": 16, "promote": False, "level": 0.05, "samples": 8, "comparisons": [gate]}
+    (unguarded,) = what_next({"promotion": promotion})
+    assert "reach_guard" not in unguarded
+    (text,) = what_next({"promotion": promotion | {"reach_guard": True}})
+    assert text.startswith("Not promoted: some answer of the candidate passes on 50 ")
+    assert "against the incumbent's 69 (+2 / -21, p = 1.1e-05)" in text
+
+
 def test_a_curve_round_decided_on_pass_counts_shows_that_test_s_counts(tmp_path) -> None:
     """A round decided with promotion.samples is marked on the learning curve by the tasks
     where the candidate passes more and fewer of its answers and the sign-flip p, not by its

@@ -140,6 +140,7 @@ STAGE_KEYS: dict[str, list[str]] = {
         "promotion.level",
         "promotion.samples",
         "promotion.guard_modes",
+        "promotion.reach_guard",
         "promotion.force_rounds",
     ],
     "report": [],

@@ -99,6 +99,16 @@ def _after_keeping(promotion: dict[str, Any]) -> str:
         )
     worse = [row["mode"] for row in promotion["comparisons"] if row["p_worse"] < level]
     again = "The next round starts from the incumbent again."
+    reach = (counts or {}).get("reach")
+    if promotion.get("reach_guard") and reach and reach["p_worse"] < level:
+        return (
+            f"Not promoted: some answer of the candidate passes on {reach['candidate']} "
+            f"validation tasks against the incumbent's {reach['incumbent']} (+{reach['gained']} "
+            f"/ -{reach['lost']}, p = {reach['p_worse']:.3g}), so a search that answers from many "
+            f"samples would find less ({outcome}; promotion.reach_guard). {again} Pairs that "
+            "only sharpen what the policy already solves do this: check what this round's "
+            "pairs taught."
+        )
     if worse:
         return (
             f"Not promoted: the candidate does significantly worse in {', '.join(worse)} "
