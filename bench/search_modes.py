@@ -20,8 +20,10 @@ returned answer fails).
         --out /work/search-modes --json docs/results/search-modes/base-validation.json
 
 The evaluation resumes (tree by tree, each mode saved when it finishes): run the same command
-again after an interruption. On another machine: `--keep DIR` restores the searched trees a
-`--persist` run compressed into DIR (committed to git) before it goes on; a --test-run also
+again after an interruption. On another machine: `--keep DIR` restores the searched trees
+compressed into DIR (committed to git) before it goes on, and the run compresses them there
+again whenever a search ends a group of search.parallel_trees trees (what a resume does not
+search again); `--persist` does the same beside a run started without it. A --test-run also
 keeps the verifier's scores there as it computes them, so a resumed run scores nothing twice:
 
     python bench/search_modes.py ... --keep docs/results/search-modes/base-trees --persist
@@ -229,6 +231,23 @@ def persist_trees(out: Path, keep: Path) -> None:
             (keep / f"{path.name}.xz").write_bytes(lzma.compress(path.read_bytes(), preset=9))
     size = sum(path.stat().st_size for path in keep.glob("*.xz"))
     print(f"kept {len(list(keep.glob('*.xz')))} files, {size / 1e6:.1f} MB, in {keep}")
+
+
+def persisting_at_group_edges(out: Path, keep: Path, group: int, tasks: int) -> Any:
+    """An evaluation's on_tree hook that runs `persist_trees` whenever a search's trees reach
+    a group edge (a multiple of search.parallel_trees, or every task): a deterministic search
+    takes its tasks in those fixed groups and a resume searches an unfinished group whole
+    again, so a copy kept inside a group saves no time and the edges are where to keep one."""
+
+    def on_tree(tree: Any) -> None:
+        partial = out / f"trajectories-{tree.label}.partial.jsonl"
+        with partial.open("rb") as lines:
+            done = sum(1 for _ in lines)
+        if done % group == 0 or done == tasks:
+            persist_trees(out, keep)
+            print(f"{tree.label}: {done} of {tasks} trees kept in {keep}", file=sys.stderr)
+
+    return on_tree
 
 
 def restore_trees(keep: Path, out: Path) -> None:
@@ -519,6 +538,14 @@ def main() -> None:
         scores = kept_scores(verifier, args.keep or args.out)
         tie_break = VerifierTieBreak(scores)  # named by the verifier's id, as verifier.tie_break()
     split = "test" if args.test_run else "validation"
+    on_tree = None
+    if args.keep is not None:
+        with Path(tasks_path).open() as lines:
+            tasks = sum(1 for line in lines if line.strip())
+        tasks = min(tasks, config.evaluate.max_tasks or tasks)
+        on_tree = persisting_at_group_edges(
+            args.out, args.keep, config.search.parallel_trees, tasks
+        )
     results = evaluate(
         tasks_path,
         args.out,
@@ -528,6 +555,7 @@ def main() -> None:
         engine=engine,
         policy=lineage,
         tie_break=tie_break,
+        on_tree=on_tree,
     )
     selectors = answered_again(results, args.out, tasks_path, scores, config) if verifier else {}
     table = rows(results, args)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -413,6 +414,7 @@ def test_search_modes_pairs_the_three_searches_at_equal_programs(
     )
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "restored trajectories-mcts.partial.jsonl" in moved.stderr
+    assert "trees kept in" not in moved.stderr  # nothing searched, so no edge reached
     for mode in ("bon", "mt_bon", "mcts"):  # nothing searched again: the same trees, no more
         name = f"trajectories-{mode}.partial.jsonl"
         assert (tmp_path / "elsewhere" / name).read_text() == (tmp_path / "eval" / name).read_text()
@@ -638,3 +640,25 @@ def test_search_modes_keeps_the_verifier_s_scores_so_a_resumed_run_scores_nothin
         "trajectories-bon.partial.jsonl",
     ]
     assert all(is_resume_file(path.name) for path in fresh.iterdir())
+
+
+def test_search_modes_keeps_its_trees_at_each_group_edge_and_only_there(tmp_path) -> None:
+    """With --keep a run compresses its trees into it whenever a search ends a group of
+    search.parallel_trees trees (and at its last tree): a resume searches an unfinished group
+    whole again, so those are the copies that save time, and no copy is made in between."""
+    from types import SimpleNamespace
+
+    bench = load_bench("search_modes")
+    out, keep = tmp_path / "eval", tmp_path / "kept"
+    out.mkdir()
+    partial = out / "trajectories-bon.partial.jsonl"
+    on_tree = bench.persisting_at_group_edges(out, keep, group=4, tasks=10)
+    kept_at = []
+    for done in range(1, 11):
+        partial.write_text("{}\n" * done)
+        on_tree(SimpleNamespace(label="bon"))
+        copy = keep / "trajectories-bon.partial.jsonl.xz"
+        if copy.is_file():
+            kept_at.append(lzma.decompress(copy.read_bytes()).count(b"\n"))
+            copy.unlink()
+    assert kept_at == [4, 8, 10]
