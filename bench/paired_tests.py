@@ -1312,13 +1312,18 @@ def same_answers(row: dict[str, Any], rows: list[dict[str, Any]], mode: str) -> 
     )
 
 
+def defaults_measurement() -> list[dict[str, Any]]:
+    """The third curve's test measurement as bench/curve_figure.py loads it for its table."""
+    from curve_figure import load_defaults_curve, load_test_measurement
+
+    return load_test_measurement(RESULTS / DEFAULTS, load_defaults_curve(RESULTS / DEFAULTS))
+
+
 def defaults_test_measurement() -> list[Entry]:
     """One entry per mode each measured policy of the third curve's test measurement shares
     with the policy its round was meant to replace, on the 137 test tasks no decision used
     (bench/curve_figure.py's table on docs/results.md)."""
-    from curve_figure import load_defaults_curve, load_test_measurement
-
-    rows = load_test_measurement(RESULTS / DEFAULTS, load_defaults_curve(RESULTS / DEFAULTS))
+    rows = defaults_measurement()
     labels = {row["name"]: row["label"] for row in rows}
     files = {row["name"]: DEFAULTS + row["file"] for row in rows}
     found = []
@@ -1368,16 +1373,17 @@ def defaults_search_test_run() -> list[Entry]:
     """One entry per search each promoted policy's search modes' test run shares with the run
     of the policy its round was meant to replace, on the same 137 test tasks (the searches'
     columns of bench/curve_figure.py's table on docs/results.md)."""
-    from curve_figure import load_defaults_curve, load_search_test_run, load_test_measurement
+    from curve_figure import load_search_test_run
 
-    measurement = load_test_measurement(RESULTS / DEFAULTS, load_defaults_curve(RESULTS / DEFAULTS))
-    rows = load_search_test_run(RESULTS / SEARCH_MODES, measurement)
+    rows = load_search_test_run(RESULTS / SEARCH_MODES, defaults_measurement())
     by_name = {row["name"]: row for row in rows}
     found = []
     for row in rows:
+        if not row["search_vs"]:  # the replaced policy's run is not in yet
+            continue
         record = read(f"{SEARCH_MODES}{row['name']}-test.json")
+        against = by_name[row["incumbent"]]
         for mode, paired in row["search_vs"].items():
-            against = by_name[row["incumbent"]]
             gained, lost = len(paired.gained), len(paired.lost)
             key = f"T137-dsm-{row['name']}-{mode}"
             found.append(

@@ -313,34 +313,31 @@ def simulate(
         shape = (rows, args.tasks)
         p, q = draw_pair(condition, gate, rng, shape)
         u = rng.random(shape)
-        greedy = (u < q).astype(np.int64) - (u < p).astype(np.int64)
+        greedy_q, greedy_p = (u < q).astype(np.int64), (u < p).astype(np.int64)
         passes_q, passes_p = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
-        sampled, sampled_q, sampled_p = {}, {}, {}
+        sampled = {}  # k -> each task's passes among k samples (candidate, incumbent)
         for previous, k in zip([0, *ks], ks, strict=False):
             # nested: the first k samples of k' > k are those of k
-            passes_q += rng.binomial(k - previous, q)
-            passes_p += rng.binomial(k - previous, p)
-            sampled[k] = passes_q - passes_p
-            sampled_q[k], sampled_p[k] = passes_q.copy(), passes_p.copy()
+            passes_q = passes_q + rng.binomial(k - previous, q)
+            passes_p = passes_p + rng.binomial(k - previous, p)
+            sampled[k] = (passes_q, passes_p)
         # the guard mode: greedy answers, no difference, its own tasks' difficulty
         gp, gq = draw_pair(guard_null, guard, rng, shape)
         gu = rng.random(shape)
         guard_diff = (gu < gq).astype(np.int64) - (gu < gp).astype(np.int64)
         _, guard_worse = sign_flip_fft(guard_diff)
         guard_blocks = significant(guard_worse, args.level)
-        better, worse = sign_flip_fft(greedy)
+        better, worse = sign_flip_fft(greedy_q - greedy_p)
         promoted["today"] += int(
             (significant(better, args.level) & ~significant(worse, args.level)).sum()
         )
         for k in ks:
-            better, worse = sign_flip_fft(greedy + sampled[k])
+            answers_q, answers_p = greedy_q + sampled[k][0], greedy_p + sampled[k][1]
+            better, worse = sign_flip_fft(answers_q - answers_p)
             wins = significant(better, args.level) & ~significant(worse, args.level)
             promoted[f"k={k}"] += int((wins & ~guard_blocks).sum())
-            if args.reach_guard:
-                # a task is reached when its greedy answer or any of its k samples passes
-                reached = (sampled_q[k] + (u < q) > 0).astype(np.int64) - (
-                    sampled_p[k] + (u < p) > 0
-                ).astype(np.int64)
+            if args.reach_guard:  # a task is reached when any of its k + 1 answers passes
+                reached = (answers_q > 0).astype(np.int64) - (answers_p > 0).astype(np.int64)
                 _, narrower = sign_flip_fft(reached)
                 kept = wins & ~guard_blocks & ~significant(narrower, args.level)
                 promoted[f"k={k}, reach guard"] += int(kept.sum())

@@ -52,7 +52,7 @@ def main() -> None:
         table = curve_figure.curve_table(measured)
         text = replace_table_after(text, "**The third curve's test measurement**", table)
         searched = curve_figure.load_search_test_run(
-            REPO / "docs" / "results" / "search-modes", measured
+            curve_figure.RESULTS / curve_figure.SEARCH_MODES, measured
         )
         if searched:
             table = curve_figure.search_test_table(searched, curve_figure.short_names(measured))

@@ -540,11 +540,11 @@ def main() -> None:
     split = "test" if args.test_run else "validation"
     on_tree = None
     if args.keep is not None:
-        with Path(tasks_path).open() as lines:
-            tasks = sum(1 for line in lines if line.strip())
-        tasks = min(tasks, config.evaluate.max_tasks or tasks)
+        from codeq.evaluate.run import load_eval_tasks
+
+        searched = load_eval_tasks(tasks_path, split, config.evaluate.max_tasks)  # as evaluate
         on_tree = persisting_at_group_edges(
-            args.out, args.keep, config.search.parallel_trees, tasks
+            args.out, args.keep, config.search.parallel_trees, len(searched)
         )
     results = evaluate(
         tasks_path,
