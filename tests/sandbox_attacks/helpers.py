@@ -137,7 +137,10 @@ def unaccounted(sandbox: Sandbox, processes: dict[int, str]) -> dict[int, str]:
     gVisor: each worker is one `runsc do`, so every process must be one of its roles and no role
     may occur more often than there are workers (a process the program left on the host, or a
     runsc of a replaced worker still alive, is reported). Host subprocess backend: per worker the
-    server, its spawner and the children ready for the next runs; anything more is reported."""
+    server, its spawner and the children ready for the next runs, all with the server's command
+    line; a process with any other command line is reported, and so are server-line processes
+    beyond that count (a child the program forked without exec). Counting alone let a stray hide
+    in the slot of a ready child the pool had not refilled yet."""
     if sandbox.backend == "gvisor":
         stray: dict[int, str] = {}
         by_role: dict[str, dict[int, str]] = {}
@@ -151,8 +154,18 @@ def unaccounted(sandbox: Sandbox, processes: dict[int, str]) -> dict[int, str]:
             if len(members) > sandbox.workers:
                 stray.update(members)
         return stray
-    allowed = sandbox.workers * (2 + READY_CHILDREN)
-    return processes if len(processes) > allowed else {}
+    servers = {pid: command for pid, command in processes.items() if is_sandbox_server(command)}
+    stray = {pid: command for pid, command in processes.items() if pid not in servers}
+    if len(servers) > sandbox.workers * (2 + READY_CHILDREN):
+        stray.update(servers)
+    return stray
+
+
+def is_sandbox_server(command: str) -> bool:
+    """The host backend's server (and its forks: the spawner, the ready children) runs the
+    bundle the worker wrote to its scratch directory."""
+    argv = command.split()
+    return len(argv) > 4 and argv[1:4] == ["-S", "-I", "-B"] and argv[4].endswith("/server.pyz")
 
 
 def leftover_host_processes(sandbox: Sandbox, window_s: float = 10.0) -> dict[int, str]:
