@@ -217,3 +217,74 @@ def test_scratch_left_by_a_killed_host_process_is_removed_at_next_start():
             assert mine.exists(), "a live owner's directory must be kept"
     finally:
         mine.rmdir()
+
+
+PAUSED_CLIENT = """
+import sys
+from codeq.sandbox import worker
+from codeq.sandbox import Sandbox
+from tests.sandbox_attacks.helpers import request, small_config
+
+worker.REPLY_MARGIN_S = 0.2  # the host's deadline: 2.2 s after the request is sent
+with Sandbox(small_config(sys.argv[1], wall_timeout_s=2.0)) as box:
+    box.run(request("def solve():\\n    return 1\\n", []))  # started and warm
+    print("sending", flush=True)
+    result = box.run(request("import time\\ndef solve():\\n    time.sleep(1.0)\\n    return 7\\n", []))
+    print(result.status, result.calls[0].value if result.calls[0] else None, flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_client_stopped_past_the_deadline_still_takes_the_reply_waiting(backend):
+    """The host's deadline guards against a hung sandbox, not against this process standing
+    still: a client stopped (SIGSTOP, a suspended machine) while its request ran takes the
+    reply that waits in the pipe when it goes on, and the program's result stands."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    client = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_CLIENT, backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        assert client.stdout is not None
+        line = client.stdout.readline()
+        assert line == "sending\n", (line, client.stderr.read() if client.stderr else "")
+        time.sleep(0.3)  # the request is written; the program sleeps for 1 s in the sandbox
+        client.send_signal(signal.SIGSTOP)
+        time.sleep(4.0)  # past the 2.2 s deadline
+        client.send_signal(signal.SIGCONT)
+        out, err = client.communicate(timeout=60)
+    finally:
+        client.kill()
+    assert client.returncode == 0, err[-2000:]
+    assert out.strip() == "ok 7", (out, err[-2000:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_server_that_stands_still_is_given_up_at_the_deadline(backend, monkeypatch):
+    """The other side of the deadline: a sandbox that gives no reply (here stopped, every
+    process of it) fails that run as a sandbox error soon after the deadline, and the next run
+    gets a fresh server."""
+    import signal
+
+    from codeq.sandbox import worker
+
+    monkeypatch.setattr(worker, "REPLY_MARGIN_S", 0.2)  # deadline: 1.2 s after sending
+    already_running = descendants()
+    with Sandbox(small_config(backend, wall_timeout_s=1.0)) as box:
+        assert_still_healthy(box)
+        for pid in descendants():
+            if pid not in already_running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        result = box.run(request("def solve():\n    return 1\n", []))
+        assert result.status == "sandbox_error" and "before the deadline" in result.stderr
+        assert time.monotonic() - started < 1.2 + 3.0 + 5.0  # the deadline, stop's grace, slack
+        assert_still_healthy(box)

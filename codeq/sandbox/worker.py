@@ -233,11 +233,14 @@ class Worker:
         fd = self.process.stdout.fileno()
         chunks: list[bytes] = []
         while size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WorkerCrashed("no reply from the sandbox before the deadline")
+            # Past the deadline the pipe is still polled once: a reply already waiting is the
+            # sandbox's answer, not a hang. Only this process may have stood still (stopped,
+            # suspended, starved of CPU) while the server, in its own session, went on.
+            remaining = max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([fd], [], [], remaining)
             if not ready:
+                if time.monotonic() >= deadline:
+                    raise WorkerCrashed("no reply from the sandbox before the deadline")
                 continue
             chunk = os.read(fd, min(size, 1 << 20))
             if not chunk:
