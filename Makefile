@@ -27,7 +27,10 @@ CHECKOV := $(TOOLS)/checkov/bin/checkov
 # beside them, tests 1344 s: the twin 496 s, the tiny learning curve 394 s and 178 s, chained
 # rounds 166 s, SmolLM2 DPO 145 s, interrupts 115 s) and CI 1867-2070 s for the last three
 # stops: the two workers are busy to the end, so only less work, or set-up and lint beside the
-# images build (.ci/run, since then), shortens it.
+# images build (.ci/run, since then), shortens it. A third worker does not: on 2026-12-08 the
+# same machine's clean-clone .ci/run with TEST_WORKERS=3 took 1878 s (tests 1660 s against
+# 1344 s with two; 132% of the two cores used), the slow chains slowed more than the fast tests
+# gained.
 # TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=25 --durations-min=10
