@@ -221,8 +221,7 @@ def test_scratch_left_by_a_killed_host_process_is_removed_at_next_start():
 
 PAUSED_CLIENT = """
 import sys
-from codeq.sandbox import worker
-from codeq.sandbox import Sandbox
+from codeq.sandbox import Sandbox, worker
 from tests.sandbox_attacks.helpers import request, small_config
 
 worker.REPLY_MARGIN_S = 0.2  # the host's deadline: 2.2 s after the request is sent
