@@ -165,6 +165,11 @@ def test_reply_frames_need_the_runs_secret():
         verify(b"short", secret)
 
 
+def started_since(already_running: dict[int, str]) -> list[int]:
+    """Our descendants that were not running yet: the processes of a sandbox opened since."""
+    return [pid for pid in descendants() if pid not in already_running]
+
+
 def group_leaders(pids: list[int]) -> list[int]:
     """The pids that lead their process group; one that exited since it was listed is skipped."""
     leaders = []
@@ -182,8 +187,7 @@ def test_a_killed_worker_is_replaced(backend):
     already_running = descendants()
     with Sandbox(small_config(backend)) as box:
         assert_still_healthy(box)
-        ours = [pid for pid in descendants() if pid not in already_running]
-        for pid in group_leaders(ours):
+        for pid in group_leaders(started_since(already_running)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         assert_still_healthy(box)
@@ -278,10 +282,9 @@ def test_a_server_that_stands_still_is_given_up_at_the_deadline(backend, monkeyp
     already_running = descendants()
     with Sandbox(small_config(backend, wall_timeout_s=1.0)) as box:
         assert_still_healthy(box)
-        for pid in descendants():
-            if pid not in already_running:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
+        for pid in started_since(already_running):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
         result = box.run(request("def solve():\n    return 1\n", []))
         assert result.status == "sandbox_error" and "before the deadline" in result.stderr

@@ -10,6 +10,7 @@ import pytest
 
 from codeq.config import SandboxConfig
 from codeq.sandbox import ExecRequest, ExecResult, Sandbox
+from codeq.sandbox.bundle import BUNDLE_NAME
 from codeq.sandbox.server.spawner import READY_CHILDREN
 
 RUNNER = """
@@ -165,7 +166,7 @@ def is_sandbox_server(command: str) -> bool:
     """The host backend's server (and its forks: the spawner, the ready children) runs the
     bundle the worker wrote to its scratch directory."""
     argv = command.split()
-    return len(argv) > 4 and argv[1:4] == ["-S", "-I", "-B"] and argv[4].endswith("/server.pyz")
+    return len(argv) > 4 and argv[1:4] == ["-S", "-I", "-B"] and argv[4].endswith(f"/{BUNDLE_NAME}")
 
 
 def leftover_host_processes(sandbox: Sandbox, window_s: float = 10.0) -> dict[int, str]:
